@@ -1,0 +1,225 @@
+//! The tree digest (DESIGN.md "Specs"): blake3 over a canonical stream of a context's entries.
+//!
+//! The stream is the contract between the CLI that addresses a context and the agent that builds it,
+//! so it is spelled out here once, in [`StreamHasher`], and both the walker ([`walk`]) and the archive
+//! reader (`crate::archive`) feed it. Entries come in byte order of their `/`-separated relative path;
+//! each contributes:
+//!
+//! | entry     | bytes                                                            |
+//! |-----------|------------------------------------------------------------------|
+//! | directory | `b'd'`, path length (u64 LE), path                               |
+//! | file      | `b'f'`, path length, path, content length (u64 LE), content      |
+//! | exec file | `b'x'`, same as a file (the executable bit is build input: `COPY` keeps it) |
+//! | symlink   | `b'l'`, path length, path, target length (u64 LE), target bytes  |
+//!
+//! Lengths make the stream unambiguous; no mtime, owner or other mode bit enters it.
+
+mod walk;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+pub use walk::{digest_tree, walk_tree, Tree, WalkOptions};
+
+/// A full 32-byte tree digest. Displays as 64 lowercase hex characters.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TreeDigest(pub [u8; 32]);
+
+impl TreeDigest {
+    /// The first 12 hex characters: the part of a content tag that names the content.
+    pub fn short12(&self) -> String {
+        self.to_string()[..12].to_string()
+    }
+}
+
+impl fmt::Display for TreeDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for TreeDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TreeDigest({self})")
+    }
+}
+
+impl FromStr for TreeDigest {
+    type Err = DigestParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.strip_prefix("blake3:").unwrap_or(s);
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).map_err(|_| DigestParseError(s.to_string()))?;
+        Ok(TreeDigest(out))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a tree digest: expected 64 hex characters (as `kiln digest` prints)")]
+pub struct DigestParseError(String);
+
+/// What kind of entry a path is. Anything else (socket, device, fifo) is refused by the walker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EntryKind {
+    Dir,
+    File,
+    ExecFile,
+    Symlink,
+}
+
+impl EntryKind {
+    pub fn type_byte(self) -> u8 {
+        match self {
+            EntryKind::Dir => b'd',
+            EntryKind::File => b'f',
+            EntryKind::ExecFile => b'x',
+            EntryKind::Symlink => b'l',
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EntryKind::Dir => "dir",
+            EntryKind::File => "file",
+            EntryKind::ExecFile => "exec",
+            EntryKind::Symlink => "symlink",
+        }
+    }
+}
+
+/// One entry a digest covered. `path` is relative to the context root, `/`-separated raw bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub path: Vec<u8>,
+    pub kind: EntryKind,
+    /// Content length of a file; target length of a symlink; 0 for a directory.
+    pub size: u64,
+    /// The symlink's target bytes (empty for other kinds).
+    pub link_target: Vec<u8>,
+}
+
+/// Encodes the canonical entry stream into blake3. Callers must present entries in strictly
+/// increasing byte order of path; [`StreamHasher::check_order`] enforces it for untrusted input.
+#[derive(Debug)]
+pub struct StreamHasher {
+    hasher: blake3::Hasher,
+    last_path: Option<Vec<u8>>,
+    /// Bytes of file content still owed by the entry in progress.
+    owed: u64,
+}
+
+impl Default for StreamHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamHasher {
+    pub fn new() -> Self {
+        StreamHasher { hasher: blake3::Hasher::new(), last_path: None, owed: 0 }
+    }
+
+    /// Refuses an entry that is not strictly after the previous one: a reordered or repeated entry
+    /// would hash a different stream from the one its tree would produce.
+    pub fn check_order(&self, path: &[u8]) -> Result<(), OrderError> {
+        match &self.last_path {
+            Some(prev) if prev.as_slice() >= path => Err(OrderError {
+                previous: String::from_utf8_lossy(prev).into_owned(),
+                path: String::from_utf8_lossy(path).into_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    fn header(&mut self, kind: EntryKind, path: &[u8]) {
+        assert_eq!(self.owed, 0, "previous file's content was not fully hashed");
+        self.hasher.update(&[kind.type_byte()]);
+        self.hasher.update(&(path.len() as u64).to_le_bytes());
+        self.hasher.update(path);
+        self.last_path = Some(path.to_vec());
+    }
+
+    pub fn dir(&mut self, path: &[u8]) {
+        self.header(EntryKind::Dir, path);
+    }
+
+    pub fn symlink(&mut self, path: &[u8], target: &[u8]) {
+        self.header(EntryKind::Symlink, path);
+        self.hasher.update(&(target.len() as u64).to_le_bytes());
+        self.hasher.update(target);
+    }
+
+    /// Starts a file entry of `len` bytes; its content follows through [`StreamHasher::content`].
+    pub fn file(&mut self, path: &[u8], executable: bool, len: u64) {
+        let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
+        self.header(kind, path);
+        self.hasher.update(&len.to_le_bytes());
+        self.owed = len;
+    }
+
+    /// Feeds file content. Large slices go through blake3's multi-threaded path.
+    pub fn content(&mut self, bytes: &[u8]) {
+        assert!(bytes.len() as u64 <= self.owed, "file content longer than declared");
+        self.owed -= bytes.len() as u64;
+        if bytes.len() >= 1 << 20 {
+            self.hasher.update_rayon(bytes);
+        } else {
+            self.hasher.update(bytes);
+        }
+    }
+
+    /// Bytes of the current file entry not yet hashed.
+    pub fn owed(&self) -> u64 {
+        self.owed
+    }
+
+    /// Hashes a whole file entry from a path on disk via memory map and blake3's rayon path.
+    pub fn file_mmap(&mut self, path: &[u8], executable: bool, len: u64, on_disk: &std::path::Path) -> std::io::Result<()> {
+        self.file(path, executable, len);
+        let before = self.hasher.count();
+        self.hasher.update_mmap_rayon(on_disk)?;
+        let read = self.hasher.count() - before;
+        if read != len {
+            return Err(std::io::Error::other(format!("file changed size while hashed: {} then {read} bytes", len)));
+        }
+        self.owed = 0;
+        Ok(())
+    }
+
+    pub fn finish(self) -> TreeDigest {
+        assert_eq!(self.owed, 0, "last file's content was not fully hashed");
+        TreeDigest(*self.hasher.finalize().as_bytes())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("entry `{path}` comes after `{previous}`: entries must be in strictly increasing byte order of path")]
+pub struct OrderError {
+    pub previous: String,
+    pub path: String,
+}
+
+/// Why a context could not be digested. Every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum DigestError {
+    #[error("context {root}: cannot read {path}")]
+    Unreadable {
+        root: PathBuf,
+        path: String,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("context {root}: symlink {path} points outside the context ({target}) — make it relative and inside")]
+    SymlinkEscapes { root: PathBuf, path: String, target: String },
+    #[error("context {root}: {path} is a {what}, which cannot be part of a build context — remove it or add it to .dockerignore")]
+    SpecialFile { root: PathBuf, path: String, what: &'static str },
+    #[error("context {root}: .dockerignore is invalid")]
+    Ignore {
+        root: PathBuf,
+        #[source]
+        err: crate::ignore::IgnoreError,
+    },
+    #[error("context {root} is not a directory")]
+    NotADirectory { root: PathBuf },
+}

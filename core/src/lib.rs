@@ -1,0 +1,23 @@
+//! `kiln-core`: the pure functions two Kiln processes must agree on, and the planner that decides
+//! what a sweep removes. Nothing here talks to a daemon, a socket or a database; the coordinator, the
+//! agents and the CLI call these functions and do the I/O around them.
+//!
+//! Where to start:
+//! - [`digest`] — the tree digest of a build context (DESIGN.md "Specs"), with [`ignore`] applying
+//!   `.dockerignore` exactly as Docker does. Everything else addresses images by this digest.
+//! - [`refs`] — image references, their normalization, and the content tag `<repo>:<digest12>-<platforms>`.
+//! - [`manifest`] — `kiln.toml`, the instance's images and target.
+//! - [`archive`] — the canonical context archive: packed byte-identically anywhere, unpacked without
+//!   ever writing outside its target, digest re-checked.
+//! - [`seal`] — strips where-and-when records from a staged tree before it is hashed.
+//! - [`sweep`] — the reachability planner: listings + roots + policy → removals. Property-tested.
+//! - [`retry`] — the capped backoff ladder every cross-process call uses.
+
+pub mod archive;
+pub mod digest;
+pub mod ignore;
+pub mod manifest;
+pub mod refs;
+pub mod retry;
+pub mod seal;
+pub mod sweep;

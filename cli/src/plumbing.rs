@@ -1,0 +1,90 @@
+//! The plumbing commands: thin wrappers over `kiln-core` that print what they computed.
+
+use anyhow::{bail, Context, Result};
+use kiln_core::archive;
+use kiln_core::digest::{digest_dir, TreeDigest, WalkOptions};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+pub fn digest(dir: &Path, list: bool, dockerfile: String) -> Result<()> {
+    let (tree, digest) = digest_dir(dir, &WalkOptions { dockerfile: Some(dockerfile) })?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    if list {
+        for e in &tree.entries {
+            let path = String::from_utf8_lossy(&e.path);
+            match e.kind {
+                kiln_core::digest::EntryKind::Symlink => {
+                    writeln!(out, "{:<7} {:>12}  {path} -> {}", e.kind.name(), e.size, String::from_utf8_lossy(&e.link_target))?
+                }
+                _ => writeln!(out, "{:<7} {:>12}  {path}", e.kind.name(), e.size)?,
+            }
+        }
+        writeln!(out, "{} entries", tree.entries.len())?;
+    }
+    writeln!(out, "{digest}")?;
+    out.flush()?;
+    Ok(())
+}
+
+pub fn pack(dir: &Path, output: &Path, dockerfile: String) -> Result<()> {
+    let (tree, digest) = digest_dir(dir, &WalkOptions { dockerfile: Some(dockerfile) })?;
+    let packed = if output == Path::new("-") {
+        archive::pack(&tree, BufWriter::new(io::stdout().lock()))?
+    } else {
+        let file = File::create(output).with_context(|| format!("cannot create {}", output.display()))?;
+        archive::pack(&tree, BufWriter::with_capacity(1 << 20, file))?
+    };
+    if packed.digest != digest {
+        bail!(
+            "context {} changed while it was packed (digest {digest} when walked, {} when packed) — re-run once it is quiet",
+            dir.display(),
+            packed.digest
+        );
+    }
+    eprintln!("packed {} entries, {} bytes, tree {}", tree.entries.len(), packed.bytes, packed.digest);
+    Ok(())
+}
+
+pub fn unpack(file: &Path, dir: &Path, expect: Option<&str>) -> Result<()> {
+    let expected: Option<TreeDigest> = expect.map(str::parse).transpose()?;
+    let existed = dir.exists();
+    let result = if file == Path::new("-") {
+        archive::unpack(io::stdin().lock(), dir, expected.as_ref())
+    } else {
+        let input = File::open(file).with_context(|| format!("cannot open archive {}", file.display()))?;
+        archive::unpack(io::BufReader::with_capacity(1 << 20, input), dir, expected.as_ref())
+    };
+    match result {
+        Ok(done) => {
+            eprintln!("unpacked {} entries ({} bytes of content) into {}", done.entries, done.content_bytes, dir.display());
+            println!("{}", done.digest);
+            Ok(())
+        }
+        Err(err) => {
+            // What a refused archive left is discarded: the directory was empty (or new) before.
+            if existed {
+                clear_dir(dir)?;
+            } else {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Err(err).with_context(|| format!("unpacking {} — {} left empty", file.display(), dir.display()))
+        }
+    }
+}
+
+fn clear_dir(dir: &Path) -> Result<()> {
+    for item in std::fs::read_dir(dir)? {
+        let path = item?.path();
+        if path.symlink_metadata()?.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn refs(_dir: &Path) -> Result<()> {
+    bail!("not yet")
+}

@@ -1,0 +1,252 @@
+//! `kiln.toml`: an instance's images and where they go.
+//!
+//! [`Manifest::load`] reads `<dir>/kiln.toml` and resolves it into domain types: paths made
+//! absolute and checked, refs parsed and normalized, defaults filled in. Every error names the file,
+//! the line and the fix ([`ManifestError`]).
+//!
+//! # Format
+//!
+//! ```toml
+//! instance = "shop"                 # required: lowercase letters, digits and '-', starting with a
+//!                                   # letter, ending with a letter or digit, at most 63 characters
+//! platforms = ["linux/amd64"]       # optional: os/arch[/variant] or arch[/variant];
+//!                                   # default: linux on this host's architecture
+//!
+//! [target]                          # required: where the images go
+//! kind = "registry"                 # required: "registry" | "kind" | "nodes" | "local"
+//! registry = "127.0.0.1:5000/team"  # registry: required, host[:port][/prefix]; the host must carry
+//!                                   # a '.' or a port, or be localhost, or Docker reads it as a Hub user
+//! # cluster = "kind"                # kind: the kind cluster's name (default "kind");
+//!                                   # nodes: required, the cluster whose node agents receive the images
+//! # namespace = "shop"              # optional: Kubernetes namespace of the kiln-images ConfigMap
+//! # mirror_registry = "mirror.internal:5000/upstream"  # optional: where pinned images are re-homed
+//!
+//! [built.api]                       # an image Kiln builds; the name is lowercase letters, digits, '-'
+//! context = "services/api"          # required: a directory, relative to this file's folder
+//! dockerfile = "services/api/Dockerfile"  # optional, relative to this file's folder;
+//!                                   # default <context>/Dockerfile; may lie outside the context
+//! args = { VERSION = "1" }          # optional build args
+//! target = "runtime"                # optional build stage
+//! shared = false                    # optional: true marks a base many instances use
+//!                                   # (kiln.dev/kind=shared, no instance label)
+//! repository = "shop-api"           # optional: default "<instance>-<name>"; the target's registry
+//!                                   # is prepended
+//!
+//! [brought.db]                      # an image the user owns: never built, labeled or swept
+//! ref = "postgres:16"
+//!
+//! [pinned.envoy]                    # upstream software deployed by digest: never built or swept
+//! ref = "envoyproxy/envoy:v1.30.1@sha256:<64 hex>"   # the @sha256 digest is required
+//! ```
+//!
+//! Image names are unique across `built`, `brought` and `pinned`; an instance needs at least one
+//! image and a `[target]` (a missing target would otherwise leave built images nowhere the
+//! workloads can pull them, which DESIGN.md requires to fail loudly, naming `registry`).
+
+mod built;
+mod error;
+mod raw;
+mod resolve;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use error::{ManifestError, Problem};
+
+use crate::digest::TreeDigest;
+use crate::refs::{AddressInputs, ImageRef, PlatformSet};
+
+/// The manifest's file name inside an instance folder.
+pub const FILE_NAME: &str = "kiln.toml";
+
+/// A resolved `kiln.toml`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Manifest {
+    /// The file it was read from, as given.
+    pub path: PathBuf,
+    pub instance: String,
+    pub platforms: PlatformSet,
+    pub target: Target,
+    /// The Kubernetes namespace of the `kiln-images` ConfigMap, when set.
+    pub namespace: Option<String>,
+    /// Where pinned images are re-homed, when set.
+    pub mirror_registry: Option<RegistryPath>,
+    /// In the order they appear in the file.
+    pub images: Vec<Image>,
+}
+
+impl Manifest {
+    /// Reads and resolves `<dir>/kiln.toml`.
+    pub fn load(dir: &Path) -> Result<Manifest, ManifestError> {
+        let path = dir.join(FILE_NAME);
+        let text = std::fs::read_to_string(&path).map_err(|err| {
+            let problem = match err.kind() {
+                std::io::ErrorKind::NotFound => Problem::NotFound,
+                _ => Problem::Unreadable { err },
+            };
+            ManifestError {
+                path: path.clone(),
+                line: None,
+                problem: Box::new(problem),
+            }
+        })?;
+        Manifest::parse(&text, &path)
+    }
+
+    /// Resolves `text` as if read from `manifest_path`; relative paths in it are taken from that
+    /// file's folder, which must exist (contexts are checked on disk).
+    pub fn parse(text: &str, manifest_path: &Path) -> Result<Manifest, ManifestError> {
+        resolve::resolve(text, manifest_path)
+    }
+
+    /// The image named `name`.
+    pub fn image(&self, name: &str) -> Option<&Image> {
+        self.images.iter().find(|image| image.name == name)
+    }
+
+    /// The built images with their names, in file order.
+    pub fn built(&self) -> impl Iterator<Item = (&str, &BuiltImage)> {
+        self.images.iter().filter_map(|image| match &image.spec {
+            ImageSpec::Built(built) => Some((image.name.as_str(), built)),
+            _ => None,
+        })
+    }
+}
+
+/// Where an instance's images go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Push to a registry the workloads pull from.
+    Registry(RegistryPath),
+    /// Load into every node of the named kind cluster.
+    Kind { cluster: String },
+    /// Stream to every node agent of the named cluster.
+    Nodes { cluster: String },
+    /// The build host is where the images run.
+    Local,
+}
+
+impl Target {
+    /// The `kind` key's value for this target.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Target::Registry(_) => "registry",
+            Target::Kind { .. } => "kind",
+            Target::Nodes { .. } => "nodes",
+            Target::Local => "local",
+        }
+    }
+
+    /// The repository name a built image gets on this target: behind the registry and its prefix
+    /// for `registry`, unchanged elsewhere.
+    pub fn qualify(&self, repository: &str) -> String {
+        match self {
+            Target::Registry(registry) => registry.qualify(repository),
+            _ => repository.to_string(),
+        }
+    }
+}
+
+/// `host[:port][/prefix]`, as the `registry` and `mirror_registry` keys give it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RegistryPath {
+    /// `host[:port]`, recognized by Docker as a registry domain.
+    pub host: String,
+    /// Path components every repository is placed under (`team`, `org/sub`).
+    pub prefix: Option<String>,
+}
+
+impl RegistryPath {
+    /// `host[/prefix]/repository`.
+    pub fn qualify(&self, repository: &str) -> String {
+        format!("{self}/{repository}")
+    }
+}
+
+impl fmt::Display for RegistryPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.prefix {
+            Some(prefix) => write!(f, "{}/{prefix}", self.host),
+            None => f.write_str(&self.host),
+        }
+    }
+}
+
+/// One named image of the instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Image {
+    pub name: String,
+    pub spec: ImageSpec,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ImageSpec {
+    Built(BuiltImage),
+    /// A ref the user owns: never built, labeled, swept or inspected.
+    Brought(ImageRef),
+    /// An upstream `tag@sha256:…`: deployed, never built or swept. Always has a digest.
+    Pinned(ImageRef),
+}
+
+/// An image Kiln builds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuiltImage {
+    /// Absolute, symlinks resolved; an existing directory when the manifest was loaded.
+    pub context: PathBuf,
+    pub dockerfile: DockerfileLoc,
+    pub args: BTreeMap<String, String>,
+    pub target: Option<String>,
+    /// Marks a base many instances use: `kiln.dev/kind=shared`, no instance label.
+    pub shared: bool,
+    /// The repository name before the target qualifies it (`shop-api`).
+    pub repository: String,
+}
+
+impl BuiltImage {
+    /// The address inputs of this image, given its context's tree digest and, for a Dockerfile
+    /// outside the context, that file's contents (which the caller reads from
+    /// [`DockerfileLoc::Outside`]'s `path`; pass `None` for one inside).
+    pub fn address_inputs<'a>(
+        &'a self,
+        tree: TreeDigest,
+        platforms: &'a PlatformSet,
+        outside_contents: Option<&'a [u8]>,
+    ) -> AddressInputs<'a> {
+        debug_assert_eq!(
+            matches!(self.dockerfile, DockerfileLoc::Outside { .. }),
+            outside_contents.is_some(),
+            "an outside Dockerfile's contents are an address input, an inside one's are not"
+        );
+        AddressInputs {
+            tree,
+            dockerfile_outside: outside_contents,
+            dockerfile_path: self.dockerfile.rel(),
+            build_args: &self.args,
+            target: self.target.as_deref(),
+            platforms,
+        }
+    }
+}
+
+/// Where a built image's Dockerfile lies relative to its context. Symlinks are resolved first, so
+/// a link inside the context pointing out of it is `Outside`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DockerfileLoc {
+    /// Inside the context: the walk always includes it, so the tree digest covers its contents.
+    /// `rel` is `/`-separated, relative to the context (`Dockerfile`, `docker/api.Dockerfile`).
+    Inside { rel: String },
+    /// Outside the context: its contents must go into the image address. `path` is absolute;
+    /// `rel` is the path from the context to it (`../worker.Dockerfile`), the same on every
+    /// checkout of the tree.
+    Outside { path: PathBuf, rel: String },
+}
+
+impl DockerfileLoc {
+    /// The path relative to the context, for the address and for `docker build -f`.
+    pub fn rel(&self) -> &str {
+        match self {
+            DockerfileLoc::Inside { rel } | DockerfileLoc::Outside { rel, .. } => rel,
+        }
+    }
+}

@@ -1,0 +1,738 @@
+//! `kiln.toml`: a full valid manifest, each error with its line and fix, and the shipped examples.
+
+use std::path::{Path, PathBuf};
+
+use kiln_core::manifest::{
+    DockerfileLoc, ImageSpec, Manifest, ManifestError, RegistryPath, Target,
+};
+use kiln_core::refs::{ImageRef, PlatformSet};
+use tempfile::TempDir;
+
+const DIGEST: &str = "sha256:7031c1b283388d2c2e09b57badb803c05ebed362dc88d84b480cc47f72a21097";
+
+/// A folder holding `files` (path, contents) and `kiln.toml` = `manifest`.
+fn folder(manifest: &str, files: &[(&str, &str)]) -> TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, contents) in files {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    std::fs::write(dir.path().join("kiln.toml"), manifest).unwrap();
+    dir
+}
+
+const API: &[(&str, &str)] = &[("api/Dockerfile", "FROM scratch\n")];
+
+fn load(manifest: &str, files: &[(&str, &str)]) -> Result<(Manifest, TempDir), ManifestError> {
+    let dir = folder(manifest, files);
+    Manifest::load(dir.path()).map(|m| (m, dir))
+}
+
+/// Loads `manifest` expecting an error; returns it with its whole source chain rendered.
+fn fail(manifest: &str, files: &[(&str, &str)]) -> (ManifestError, String, TempDir) {
+    let dir = folder(manifest, files);
+    let err = Manifest::load(dir.path()).expect_err("manifest should be refused");
+    let mut chain = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        chain.push_str(" :: ");
+        chain.push_str(&s.to_string());
+        source = s.source();
+    }
+    (err, chain, dir)
+}
+
+fn assert_has(msg: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(msg.contains(part), "message lacks {part:?}:\n{msg}");
+    }
+}
+
+#[test]
+fn a_full_manifest_resolves() {
+    let text = format!(
+        r#"instance = "shop"
+platforms = ["linux/arm64", "linux/amd64"]
+
+[target]
+kind = "registry"
+registry = "127.0.0.1:5000/team"
+namespace = "shop"
+mirror_registry = "mirror.internal:5000/upstream"
+
+[brought.db]
+ref = "postgres:16"
+
+[built.api]
+context = "services/api"
+
+[built.worker]
+context = "services/worker"
+dockerfile = "docker/worker.Dockerfile"
+args = {{ VERSION = "1", GREETING = "hi there" }}
+target = "runtime"
+shared = true
+repository = "shared/worker"
+
+[built.tools]
+context = "services/tools"
+dockerfile = "services/tools/docker/tools.Dockerfile"
+
+[pinned.envoy]
+ref = "envoyproxy/envoy:v1.30.1@{DIGEST}"
+"#
+    );
+    let files = [
+        ("services/api/Dockerfile", "FROM scratch\n"),
+        ("services/worker/main.sh", "echo\n"),
+        ("docker/worker.Dockerfile", "FROM scratch\n"),
+        ("services/tools/docker/tools.Dockerfile", "FROM scratch\n"),
+    ];
+    let (m, dir) = load(&text, &files).unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+
+    assert_eq!(m.path, dir.path().join("kiln.toml"));
+    assert_eq!(m.instance, "shop");
+    assert_eq!(m.platforms.to_string(), "amd64.arm64");
+    let registry = RegistryPath {
+        host: "127.0.0.1:5000".to_string(),
+        prefix: Some("team".to_string()),
+    };
+    assert_eq!(m.target, Target::Registry(registry));
+    assert_eq!(m.target.qualify("shop-api"), "127.0.0.1:5000/team/shop-api");
+    assert_eq!(m.namespace.as_deref(), Some("shop"));
+    assert_eq!(
+        m.mirror_registry
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("mirror.internal:5000/upstream")
+    );
+
+    // File order, not section order.
+    let names: Vec<&str> = m.images.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["db", "api", "worker", "tools", "envoy"]);
+
+    let ImageSpec::Brought(db) = &m.image("db").unwrap().spec else {
+        panic!("db is brought")
+    };
+    assert_eq!(
+        db,
+        &ImageRef::parse("docker.io/library/postgres:16").unwrap()
+    );
+
+    let built: Vec<_> = m.built().collect();
+    assert_eq!(built.len(), 3);
+    let (_, api) = built[0];
+    assert_eq!(api.context, root.join("services/api"));
+    assert!(api.context.is_absolute());
+    assert_eq!(
+        api.dockerfile,
+        DockerfileLoc::Inside {
+            rel: "Dockerfile".to_string()
+        }
+    );
+    assert!(api.args.is_empty());
+    assert_eq!(api.target, None);
+    assert!(!api.shared);
+    assert_eq!(api.repository, "shop-api");
+
+    let (_, worker) = built[1];
+    assert_eq!(
+        worker.dockerfile,
+        DockerfileLoc::Outside {
+            path: root.join("docker/worker.Dockerfile"),
+            rel: "../../docker/worker.Dockerfile".to_string()
+        }
+    );
+    assert_eq!(
+        worker.args.get("GREETING").map(String::as_str),
+        Some("hi there")
+    );
+    assert_eq!(worker.args.get("VERSION").map(String::as_str), Some("1"));
+    assert_eq!(worker.target.as_deref(), Some("runtime"));
+    assert!(worker.shared);
+    assert_eq!(worker.repository, "shared/worker");
+
+    let (_, tools) = built[2];
+    assert_eq!(
+        tools.dockerfile,
+        DockerfileLoc::Inside {
+            rel: "docker/tools.Dockerfile".to_string()
+        }
+    );
+
+    let ImageSpec::Pinned(envoy) = &m.image("envoy").unwrap().spec else {
+        panic!("envoy is pinned")
+    };
+    assert_eq!(envoy.digest(), Some(DIGEST));
+    assert_eq!(
+        envoy.normalized(),
+        format!("docker.io/envoyproxy/envoy:v1.30.1@{DIGEST}")
+    );
+
+    // The address inputs carry what the manifest resolved.
+    let tree = kiln_core::digest::TreeDigest([1; 32]);
+    let inputs = worker.address_inputs(tree, &m.platforms, Some(b"FROM scratch\n"));
+    assert_eq!(inputs.dockerfile_path, "../../docker/worker.Dockerfile");
+    assert_eq!(inputs.target, Some("runtime"));
+    assert_eq!(inputs.build_args.len(), 2);
+}
+
+#[test]
+fn other_targets_and_defaults() {
+    let body = "\n[built.api]\ncontext = \"api\"\n";
+    let (m, _d) = load(
+        &format!("instance = \"a\"\n[target]\nkind = \"kind\"\n{body}"),
+        API,
+    )
+    .unwrap();
+    assert_eq!(
+        m.target,
+        Target::Kind {
+            cluster: "kind".to_string()
+        }
+    );
+    assert_eq!(m.target.qualify("a-api"), "a-api");
+    // No platforms key: this host's architecture.
+    assert_eq!(m.platforms, PlatformSet::host());
+
+    let (m, _d) = load(
+        &format!("instance = \"a\"\n[target]\nkind = \"kind\"\ncluster = \"dev\"\n{body}"),
+        API,
+    )
+    .unwrap();
+    assert_eq!(
+        m.target,
+        Target::Kind {
+            cluster: "dev".to_string()
+        }
+    );
+    let (m, _d) = load(
+        &format!("instance = \"a\"\n[target]\nkind = \"nodes\"\ncluster = \"prod\"\n{body}"),
+        API,
+    )
+    .unwrap();
+    assert_eq!(
+        m.target,
+        Target::Nodes {
+            cluster: "prod".to_string()
+        }
+    );
+    let (m, _d) = load(
+        &format!("instance = \"a\"\n[target]\nkind = \"local\"\n{body}"),
+        API,
+    )
+    .unwrap();
+    assert_eq!(m.target, Target::Local);
+    assert_eq!(m.target.kind_name(), "local");
+}
+
+#[test]
+#[cfg(unix)]
+fn a_dockerfile_linked_out_of_the_context_is_outside() {
+    let dir = folder(
+        "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n",
+        &[("api/main.sh", ""), ("real.Dockerfile", "FROM scratch\n")],
+    );
+    std::os::unix::fs::symlink("../real.Dockerfile", dir.path().join("api/Dockerfile")).unwrap();
+    let m = Manifest::load(dir.path()).unwrap();
+    let (_, api) = m.built().next().unwrap();
+    let root = std::fs::canonicalize(dir.path()).unwrap();
+    let want = DockerfileLoc::Outside {
+        path: root.join("real.Dockerfile"),
+        rel: "../real.Dockerfile".to_string(),
+    };
+    assert_eq!(api.dockerfile, want);
+}
+
+#[test]
+fn unknown_key_names_its_table_and_the_keys_it_takes() {
+    let text = r#"instance = "shop"
+
+[target]
+kind = "local"
+
+[built.api]
+contxt = "api"
+"#;
+    let (err, _, dir) = fail(text, API);
+    assert_eq!(err.line, Some(7));
+    let want = format!(
+        "{}:7: unknown key \"contxt\" in [built.api] — expected one of context, dockerfile, args, target, shared, \
+         repository",
+        dir.path().join("kiln.toml").display()
+    );
+    assert_eq!(err.to_string(), want);
+
+    let (err, msg, _) = fail("instance = \"a\"\nimages = 1\n", API);
+    assert_eq!(err.line, Some(2));
+    assert_has(
+        &msg,
+        &[
+            "unknown key \"images\" at the top level",
+            "instance, platforms, target, built",
+        ],
+    );
+
+    let (err, msg, _) = fail(
+        "instance = \"a\"\n[target]\nkind = \"kind\"\nclustr = \"x\"\n",
+        API,
+    );
+    assert_eq!(err.line, Some(4));
+    assert_has(
+        &msg,
+        &["unknown key \"clustr\" in [target]", "mirror_registry"],
+    );
+
+    let (err, msg, _) = fail(
+        "instance = \"a\"\n[target]\nkind = \"local\"\n[pinned.p]\nref = \"x\"\ndigest = \"y\"\n",
+        API,
+    );
+    assert_eq!(err.line, Some(6));
+    assert_has(
+        &msg,
+        &["unknown key \"digest\" in [pinned.p] — expected one of ref"],
+    );
+}
+
+#[test]
+fn pinned_image_needs_a_digest() {
+    let text = r#"instance = "shop"
+[target]
+kind = "local"
+
+[pinned.envoy]
+ref = "envoyproxy/envoy:v1.30.1"
+"#;
+    let (err, msg, _) = fail(text, &[]);
+    assert_eq!(err.line, Some(6));
+    assert_has(
+        &msg,
+        &[
+            r#":6: pinned image "envoy" needs a digest: write ref = "envoyproxy/envoy:v1.30.1@sha256:…""#,
+        ],
+    );
+}
+
+#[test]
+fn missing_context_says_where_it_looked() {
+    let text = "instance = \"shop\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"services/apii\"\n";
+    let (err, msg, dir) = fail(text, &[("services/api/Dockerfile", "")]);
+    assert_eq!(err.line, Some(5));
+    let looked = std::path::absolute(dir.path().join("services/apii")).unwrap();
+    assert_has(
+        &msg,
+        &[
+            r#":5: built image "api": context "services/apii" does not exist"#,
+            &format!("(looked in {})", looked.display()),
+        ],
+    );
+
+    let (err, msg, _) = fail(text, &[("services/apii", "a file")]);
+    assert_eq!(err.line, Some(5));
+    assert_has(&msg, &[r#"context "services/apii" is not a directory"#]);
+
+    let (err, msg, _) = fail(&text.replace("services/apii", "/abs/api"), &[]);
+    assert_eq!(err.line, Some(5));
+    assert_has(
+        &msg,
+        &[r#"context "/abs/api" must be relative to the manifest's folder"#],
+    );
+
+    let (err, msg, _) = fail(
+        "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\nshared = true\n",
+        API,
+    );
+    assert_eq!(err.line, Some(4));
+    assert_has(&msg, &[r#"built image "api" needs context = "<dir>""#]);
+}
+
+#[test]
+fn missing_dockerfiles_are_named() {
+    let base = "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
+    let (err, msg, _) = fail(base, &[("api/main.sh", "")]);
+    assert_eq!(err.line, Some(4));
+    assert_has(
+        &msg,
+        &[
+            r#"built image "api": no Dockerfile in context "api""#,
+            "api/Dockerfile",
+            "set dockerfile = ",
+        ],
+    );
+
+    let (err, msg, _) = fail(&format!("{base}dockerfile = \"api/Dockerfil\"\n"), API);
+    assert_eq!(err.line, Some(6));
+    assert_has(
+        &msg,
+        &[r#"built image "api": dockerfile "api/Dockerfil" does not exist (looked in "#],
+    );
+
+    let (err, msg, _) = fail(&format!("{base}dockerfile = \"api\"\n"), API);
+    assert_eq!(err.line, Some(6));
+    assert_has(&msg, &[r#"dockerfile "api" is not a file"#]);
+}
+
+#[test]
+fn duplicate_names_across_sections() {
+    let text = r#"instance = "shop"
+[target]
+kind = "local"
+
+[built.api]
+context = "api"
+
+[brought.api]
+ref = "postgres:16"
+"#;
+    let (err, msg, _) = fail(text, API);
+    assert_eq!(err.line, Some(8));
+    assert_has(
+        &msg,
+        &[r#":8: two images are named "api" ([built.api] and [brought.api]) — rename one"#],
+    );
+}
+
+#[test]
+fn no_target_fails_naming_registry() {
+    let (err, msg, dir) = fail("instance = \"shop\"\n[built.api]\ncontext = \"api\"\n", API);
+    assert_eq!(err.line, None);
+    assert_eq!(
+        msg,
+        format!(
+            "{}: no [target] — add one, e.g. [target] kind = \"registry\" with registry = \"host:port\"",
+            dir.path().join("kiln.toml").display()
+        )
+    );
+}
+
+#[test]
+fn target_errors() {
+    let img = "[built.api]\ncontext = \"api\"\n";
+    let cases: &[(&str, usize, &[&str])] = &[
+        (
+            "[target]\nkind = \"regsitry\"\n",
+            3,
+            &[
+                r#"unknown target kind "regsitry""#,
+                "registry, kind, nodes, local",
+            ],
+        ),
+        (
+            "[target]\nnamespace = \"x\"\n",
+            2,
+            &["[target] has no kind", "kind = \"registry\""],
+        ),
+        (
+            "[target]\nkind = \"registry\"\n",
+            2,
+            &[r#"target kind "registry" needs registry = "host:port[/prefix]""#],
+        ),
+        (
+            "[target]\nkind = \"nodes\"\n",
+            2,
+            &[r#"target kind "nodes" needs cluster = "<cluster name>""#],
+        ),
+        (
+            "[target]\nkind = \"registry\"\nregistry = \"reg.io\"\ncluster = \"x\"\n",
+            5,
+            &[r#"key "cluster" does not apply to target kind "registry" — remove it"#],
+        ),
+        (
+            "[target]\nkind = \"local\"\nregistry = \"reg.io\"\n",
+            4,
+            &[r#"key "registry" does not apply to target kind "local""#],
+        ),
+        (
+            "[target]\nkind = \"registry\"\nregistry = \"myreg/team\"\n",
+            4,
+            &[
+                r#"registry "myreg/team" is invalid"#,
+                "Docker Hub user",
+                "myreg:5000",
+            ],
+        ),
+        (
+            "[target]\nkind = \"registry\"\nregistry = \"http://reg.io\"\n",
+            4,
+            &[r#"registry "http://reg.io" is invalid: drop the scheme"#],
+        ),
+        (
+            "[target]\nkind = \"registry\"\nregistry = \"reg.io:x\"\n",
+            4,
+            &[
+                r#"registry "reg.io:x" is invalid"#,
+                "the port must be digits",
+            ],
+        ),
+        (
+            "[target]\nkind = \"registry\"\nregistry = \"reg.io/Team\"\n",
+            4,
+            &[r#"registry "reg.io/Team" is invalid: repository name must be lowercase"#],
+        ),
+        (
+            "[target]\nkind = \"nodes\"\ncluster = \"Prod\"\n",
+            4,
+            &[r#"cluster "Prod" is invalid"#],
+        ),
+        (
+            "[target]\nkind = \"local\"\nnamespace = \"Shop\"\n",
+            4,
+            &[r#"namespace "Shop" is invalid"#],
+        ),
+        (
+            "[target]\nkind = \"local\"\nmirror_registry = \"mirror\"\n",
+            4,
+            &[r#"mirror_registry "mirror" is invalid"#],
+        ),
+    ];
+    for (target, line, parts) in cases {
+        let (err, msg, _) = fail(&format!("instance = \"a\"\n{target}{img}"), API);
+        assert_eq!(err.line, Some(*line), "{msg}");
+        assert_has(&msg, parts);
+    }
+}
+
+#[test]
+fn bad_refs_wrap_the_ref_error() {
+    let text =
+        "instance = \"a\"\n[target]\nkind = \"local\"\n[brought.db]\nref = \"Postgres:16\"\n";
+    let (err, msg, _) = fail(text, &[]);
+    assert_eq!(err.line, Some(5));
+    assert_has(
+        &msg,
+        &[
+            r#"brought image "db": ref is not a valid image reference"#,
+            r#"image ref "Postgres:16": repository name must be lowercase"#,
+        ],
+    );
+    let source = std::error::Error::source(&err).expect("the RefError is the source");
+    assert!(source.to_string().starts_with("image ref \"Postgres:16\""));
+
+    let (err, msg, _) = fail(&text.replace("Postgres:16", "postgres@sha256:abc"), &[]);
+    assert_eq!(err.line, Some(5));
+    assert_has(&msg, &["digest must be sha256:<64 lowercase hex>"]);
+
+    let (err, msg, _) = fail(
+        "instance = \"a\"\n[target]\nkind = \"local\"\n[brought.db]\n",
+        &[],
+    );
+    assert_eq!(err.line, Some(4));
+    assert_has(&msg, &[r#"brought image "db" needs ref = "<image>:<tag>""#]);
+}
+
+#[test]
+fn bad_platforms() {
+    let rest = "[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
+    let (err, msg, _) = fail(
+        &format!(
+            "instance = \"a\"\nplatforms = [\n  \"linux/amd64\",\n  \"linux/amd46\",\n]\n{rest}"
+        ),
+        API,
+    );
+    assert_eq!(err.line, Some(4));
+    assert_has(
+        &msg,
+        &[
+            "platforms has an invalid entry",
+            r#"platform "linux/amd46": "amd46" is not a known architecture"#,
+        ],
+    );
+
+    let (err, msg, _) = fail(&format!("instance = \"a\"\nplatforms = []\n{rest}"), API);
+    assert_eq!(err.line, Some(2));
+    assert_has(&msg, &["platforms is empty", "linux/amd64"]);
+
+    let (err, msg, _) = fail(
+        &format!("instance = \"a\"\nplatforms = \"linux/amd64\"\n{rest}"),
+        API,
+    );
+    assert_eq!(err.line, Some(2));
+    assert_has(&msg, &["invalid type", "expected a sequence"]);
+}
+
+#[test]
+fn bad_instance_names() {
+    let rest = "[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
+    for bad in ["Shop", "1shop", "shop-", "shop_x", "", &"a".repeat(64)] {
+        let (err, msg, _) = fail(&format!("\ninstance = \"{bad}\"\n{rest}"), API);
+        assert_eq!(err.line, Some(2), "{msg}");
+        assert_has(
+            &msg,
+            &[
+                &format!("instance {bad:?} is invalid"),
+                "start with a letter",
+                "at most 63",
+            ],
+        );
+    }
+    assert!(load(&format!("instance = \"{}\"\n{rest}", "a".repeat(63)), API).is_ok());
+
+    let (err, msg, _) = fail(rest, API);
+    assert_eq!(err.line, None);
+    assert_has(&msg, &["no instance — add instance = "]);
+}
+
+#[test]
+fn no_images() {
+    let (err, msg, _) = fail("instance = \"a\"\n[target]\nkind = \"local\"\n", &[]);
+    assert_eq!(err.line, None);
+    assert_has(
+        &msg,
+        &["no images — add a [built.<name>], [brought.<name>] or [pinned.<name>] table"],
+    );
+}
+
+#[test]
+fn built_image_details() {
+    let head = "instance = \"a\"\n[target]\nkind = \"registry\"\nregistry = \"reg.io\"\n";
+    let cases: &[(&str, usize, &[&str])] = &[
+        (
+            "[built.Api]\ncontext = \"api\"\n",
+            5,
+            &[r#"image name "Api" in [built.Api] is invalid"#],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nrepository = \"ghcr.io/x/api\"\n",
+            7,
+            &[
+                r#"repository "ghcr.io/x/api" must be a repository path without registry, tag or digest"#,
+            ],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nrepository = \"api:1\"\n",
+            7,
+            &["without registry, tag or digest"],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nrepository = \"Api\"\n",
+            7,
+            &[
+                r#"repository "Api" is invalid"#,
+                "repository name must be lowercase",
+            ],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nrepository = \"a..b\"\n",
+            7,
+            &[
+                r#"repository "a..b" is invalid"#,
+                r#"name component "a..b""#,
+            ],
+        ),
+        (
+            &format!(
+                "[built.api]\ncontext = \"api\"\nrepository = \"{}\"\n",
+                "a".repeat(250)
+            ),
+            7,
+            &["is invalid", "repository name is 257 characters"],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nargs = { \"A=B\" = \"1\" }\n",
+            7,
+            &[r#"build arg "A=B" is invalid"#],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nargs = { A = 1 }\n",
+            7,
+            &["invalid type: integer `1`, expected a string"],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\ntarget = \"run time\"\n",
+            7,
+            &[r#"target stage "run time" is invalid"#],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\nshared = \"yes\"\n",
+            7,
+            &["invalid type", "expected a boolean"],
+        ),
+        (
+            "[built.api]\ncontext = \"api\"\ncontext = \"api\"\n",
+            7,
+            &[r#"key "context" appears twice"#],
+        ),
+        ("[built.api\ncontext = \"api\"\n", 5, &[]),
+    ];
+    for (body, line, parts) in cases {
+        let (err, msg, _) = fail(&format!("{head}{body}"), API);
+        assert_eq!(err.line, Some(*line), "{msg}");
+        assert_has(&msg, parts);
+    }
+}
+
+#[test]
+fn a_folder_without_a_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = Manifest::load(dir.path()).unwrap_err();
+    assert_eq!(err.line, None);
+    assert_has(
+        &err.to_string(),
+        &[
+            &dir.path().join("kiln.toml").display().to_string(),
+            "not found — create it",
+        ],
+    );
+}
+
+#[test]
+fn parse_takes_paths_from_the_manifest_folder() {
+    let dir = folder("", API);
+    let text = "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
+    let m = Manifest::parse(text, &dir.path().join("kiln.toml")).unwrap();
+    let (_, api) = m.built().next().unwrap();
+    assert_eq!(
+        api.context,
+        std::fs::canonicalize(dir.path().join("api")).unwrap()
+    );
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+}
+
+#[test]
+fn the_examples_load() {
+    for (name, instance) in [("hello", "hello"), ("registry", "hello-registry")] {
+        let m = Manifest::load(&example(name)).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
+        assert_eq!(m.instance, instance);
+        let names: Vec<&str> = m.images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["web", "worker", "shell", "pause"],
+            "examples/{name}"
+        );
+        let built: Vec<_> = m.built().collect();
+        assert_eq!(
+            built[0].1.dockerfile,
+            DockerfileLoc::Inside {
+                rel: "Dockerfile".to_string()
+            }
+        );
+        assert!(
+            matches!(&built[1].1.dockerfile, DockerfileLoc::Outside { rel, .. } if rel == "../worker.Dockerfile")
+        );
+        assert_eq!(
+            built[1].1.args.get("GREETING").map(String::as_str),
+            Some("hello from kiln")
+        );
+        let ImageSpec::Pinned(pause) = &m.image("pause").unwrap().spec else {
+            panic!("pause is pinned")
+        };
+        assert_eq!(pause.digest(), Some(DIGEST));
+    }
+    assert_eq!(
+        Manifest::load(&example("hello")).unwrap().target,
+        Target::Local
+    );
+    let registry = Manifest::load(&example("registry")).unwrap();
+    assert_eq!(
+        registry.target.qualify("hello-registry-web"),
+        "127.0.0.1:5000/hello-registry-web"
+    );
+}

@@ -54,8 +54,8 @@ use std::path::{Path, PathBuf};
 
 pub use error::{ManifestError, Problem};
 
-use crate::digest::TreeDigest;
-use crate::refs::{AddressInputs, ImageRef, PlatformSet};
+use crate::digest::{digest_dir, DigestError, Tree, TreeDigest, WalkOptions};
+use crate::refs::{image_address, AddressInputs, ImageAddress, ImageRef, PlatformSet};
 
 /// The manifest's file name inside an instance folder.
 pub const FILE_NAME: &str = "kiln.toml";
@@ -227,6 +227,43 @@ impl BuiltImage {
             platforms,
         }
     }
+}
+
+impl BuiltImage {
+    /// The walk options of this image's context: a Dockerfile inside it is always part of it.
+    pub fn walk_options(&self) -> WalkOptions {
+        match &self.dockerfile {
+            DockerfileLoc::Inside { rel } => WalkOptions { dockerfile: Some(rel.clone()) },
+            DockerfileLoc::Outside { .. } => WalkOptions { dockerfile: None },
+        }
+    }
+
+    /// Walks the context and computes the image address — the one way to address a built image,
+    /// so no caller can forget that an outside Dockerfile's contents are an input.
+    pub fn address(&self, platforms: &PlatformSet) -> Result<(Tree, TreeDigest, ImageAddress), AddressError> {
+        let (tree, digest) = digest_dir(&self.context, &self.walk_options())?;
+        let outside = match &self.dockerfile {
+            DockerfileLoc::Outside { path, .. } => {
+                Some(std::fs::read(path).map_err(|err| AddressError::Dockerfile { path: path.clone(), err })?)
+            }
+            DockerfileLoc::Inside { .. } => None,
+        };
+        let address = image_address(&self.address_inputs(digest, platforms, outside.as_deref()));
+        Ok((tree, digest, address))
+    }
+}
+
+/// Why a built image could not be addressed.
+#[derive(Debug, thiserror::Error)]
+pub enum AddressError {
+    #[error(transparent)]
+    Context(#[from] DigestError),
+    #[error("cannot read Dockerfile {path}")]
+    Dockerfile {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
 }
 
 /// Where a built image's Dockerfile lies relative to its context. Symlinks are resolved first, so

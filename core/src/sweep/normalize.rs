@@ -1,0 +1,197 @@
+//! The one ref normalization the planner needs: turn whatever spelling a store, a record or a pod
+//! used into one canonical string, so that `docker.io/library/x:latest` on a node and `x` in a
+//! ConfigMap are recognized as the same name. Without it a root spelled one way would fail to keep
+//! an image listed the other way, and the sweep would take an image a workload still needs.
+//!
+//! It also tells containerd's id-shaped refs (`sha256:<id>` and kind's `import-<date>@sha256:<m>`)
+//! apart from names: those are aliases of an image, not names anyone chose, and the planner only
+//! removes them together with the whole image.
+
+/// A ref after normalization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum NormRef {
+    /// A name someone chose: `repo:tag`, `repo@digest` or `repo:tag@digest`, with Docker Hub's
+    /// implicit parts (`docker.io/`, `library/`, `:latest`) spelled the short way.
+    Named {
+        canonical: String,
+        /// The `@sha256:…` part, when the ref pins content.
+        digest: Option<String>,
+    },
+    /// A ref containerd keeps for an image rather than a name: `sha256:<id>`, or the
+    /// `import-<date>@sha256:<manifest>` ref `kind load` leaves behind.
+    Alias { digest: String },
+}
+
+const HUB_DOMAINS: [&str; 2] = ["docker.io", "index.docker.io"];
+const OFFICIAL_NAMESPACE: &str = "library/";
+const IMPORT_PREFIX: &str = "import-";
+
+// TODO(refs): use crate::refs::ImageRef once it lands
+pub(super) fn normalize(raw: &str) -> NormRef {
+    if is_id_ref(raw) {
+        return NormRef::Alias {
+            digest: raw.to_owned(),
+        };
+    }
+    let (name_and_tag, digest) = match raw.split_once('@') {
+        Some((name, digest)) => (name, Some(digest)),
+        None => (raw, None),
+    };
+    let (name, tag) = split_tag(name_and_tag);
+    let path = familiar_path(name);
+    if let (Some(digest), None) = (digest, tag) {
+        if is_import_name(path) {
+            return NormRef::Alias {
+                digest: digest.to_owned(),
+            };
+        }
+    }
+    let mut canonical = String::with_capacity(path.len() + 16 + digest.map_or(0, str::len));
+    canonical.push_str(path);
+    match (tag, digest) {
+        (Some(tag), _) => {
+            canonical.push(':');
+            canonical.push_str(tag);
+        }
+        // A digest ref names content, so it has no tag to default; `x` alone means `x:latest`.
+        (None, None) => canonical.push_str(":latest"),
+        (None, Some(_)) => {}
+    }
+    if let Some(digest) = digest {
+        canonical.push('@');
+        canonical.push_str(digest);
+    }
+    NormRef::Named {
+        canonical,
+        digest: digest.map(str::to_owned),
+    }
+}
+
+/// `sha256:` followed by exactly 64 lowercase hex digits: how containerd spells an image id as a ref.
+fn is_id_ref(raw: &str) -> bool {
+    raw.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Splits `name[:tag]`; a colon before the last `/` is a registry port, not a tag.
+fn split_tag(name_and_tag: &str) -> (&str, Option<&str>) {
+    let last_component = name_and_tag.rfind('/').map_or(0, |slash| slash + 1);
+    match name_and_tag[last_component..].rfind(':') {
+        Some(colon) => {
+            let colon = last_component + colon;
+            (&name_and_tag[..colon], Some(&name_and_tag[colon + 1..]))
+        }
+        None => (name_and_tag, None),
+    }
+}
+
+/// Drops Docker Hub's implicit domain and official namespace; any other registry keeps its name.
+fn familiar_path(name: &str) -> &str {
+    let path = match name.split_once('/') {
+        Some((first, rest)) if is_domain(first) => {
+            if !HUB_DOMAINS.contains(&first) {
+                return name;
+            }
+            rest
+        }
+        _ => name,
+    };
+    match path.strip_prefix(OFFICIAL_NAMESPACE) {
+        // `library/x/y` is not an official image, so only a single component loses the namespace.
+        Some(official) if !official.contains('/') => official,
+        _ => path,
+    }
+}
+
+/// Docker's rule for the first path component: a domain has a dot, a port, is `localhost`, or
+/// has an uppercase letter (which a repository path may not).
+fn is_domain(first: &str) -> bool {
+    first.contains(['.', ':'])
+        || first == "localhost"
+        || first.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+/// `import-2026-11-29`: the name `ctr images import` gives an image it was handed without one.
+fn is_import_name(path: &str) -> bool {
+    path.strip_prefix(IMPORT_PREFIX).is_some_and(|date| {
+        !date.is_empty() && date.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEX: &str = "4a77b1c2d3e4f5061728394a5b6c7d8e9f00112233445566778899aabbccddee";
+
+    fn canonical(raw: &str) -> String {
+        match normalize(raw) {
+            NormRef::Named { canonical, .. } => canonical,
+            NormRef::Alias { digest } => panic!("{raw} read as an alias of {digest}"),
+        }
+    }
+
+    #[test]
+    fn hub_spellings_meet_on_the_short_name() {
+        for raw in [
+            "x",
+            "x:latest",
+            "library/x",
+            "docker.io/x",
+            "docker.io/library/x:latest",
+            "index.docker.io/library/x",
+        ] {
+            assert_eq!(canonical(raw), "x:latest", "{raw}");
+        }
+        assert_eq!(canonical("docker.io/team/y:t"), "team/y:t");
+        assert_eq!(canonical("index.docker.io/team/y:t"), "team/y:t");
+        assert_eq!(canonical("library/x/y:t"), "library/x/y:t");
+    }
+
+    #[test]
+    fn other_registries_keep_their_domain_and_port() {
+        assert_eq!(canonical("localhost:5000/x"), "localhost:5000/x:latest");
+        assert_eq!(
+            canonical("reg.example.com/library/x:t"),
+            "reg.example.com/library/x:t"
+        );
+        assert_eq!(canonical("localhost/x:t"), "localhost/x:t");
+    }
+
+    #[test]
+    fn a_digest_is_kept_and_suppresses_the_default_tag() {
+        let pinned = format!("docker.io/library/envoy:v1.31@sha256:{HEX}");
+        assert_eq!(
+            normalize(&pinned),
+            NormRef::Named {
+                canonical: format!("envoy:v1.31@sha256:{HEX}"),
+                digest: Some(format!("sha256:{HEX}")),
+            }
+        );
+        assert_eq!(
+            canonical(&format!("x@sha256:{HEX}")),
+            format!("x@sha256:{HEX}")
+        );
+    }
+
+    #[test]
+    fn containerd_id_refs_are_aliases() {
+        let id = format!("sha256:{HEX}");
+        assert_eq!(normalize(&id), NormRef::Alias { digest: id.clone() });
+        let import = format!("import-2026-11-29@sha256:{HEX}");
+        assert_eq!(normalize(&import), NormRef::Alias { digest: id.clone() });
+        let hub_import = format!("docker.io/library/import-2026-11-29@sha256:{HEX}");
+        assert_eq!(normalize(&hub_import), NormRef::Alias { digest: id });
+    }
+
+    #[test]
+    fn names_that_only_resemble_aliases_stay_names() {
+        assert_eq!(canonical("import-tool:1"), "import-tool:1");
+        assert_eq!(canonical("import-2026-11-29:t"), "import-2026-11-29:t");
+        assert_eq!(canonical("sha256:abc"), "sha256:abc");
+    }
+}

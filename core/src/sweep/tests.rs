@@ -1,0 +1,305 @@
+//! Example-based tests for the cases the property tests reach only by luck: mixed ids on CRI,
+//! kind's `import-*` alias, dangling host images, digest roots, and the grace generation.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+const FARM: &str = "farm-a";
+
+fn hex(n: u8) -> String {
+    format!("{:064x}", u64::from(n) + 0xa000)
+}
+
+fn id(n: u8) -> String {
+    format!("sha256:{}", hex(n))
+}
+
+fn labels(instance: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_KIND.to_owned(), "image".to_owned()),
+        (LABEL_INSTANCE.to_owned(), instance.to_owned()),
+        (LABEL_FARM.to_owned(), FARM.to_owned()),
+    ])
+}
+
+fn image(n: u8, refs: &[&str], bytes: u64) -> ListedImage {
+    ListedImage {
+        id: id(n),
+        refs: refs.iter().map(|r| (*r).to_owned()).collect(),
+        digests: vec![format!("sha256:{:064x}", u64::from(n) + 0xd000)],
+        labels: labels("shop"),
+        bytes,
+    }
+}
+
+fn store(
+    name: &str,
+    kind: StoreKind,
+    removal: RemovalMode,
+    images: Vec<ListedImage>,
+) -> StoreListing {
+    StoreListing {
+        store: StoreId(name.to_owned()),
+        kind,
+        removal,
+        runs_workloads: false,
+        images,
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        farm: FARM.to_owned(),
+    }
+}
+
+fn claims(refs: &[&str]) -> Roots {
+    Roots {
+        claims: refs.iter().map(|r| (*r).to_owned()).collect(),
+        ..Roots::default()
+    }
+}
+
+fn targets(plan: &StorePlan) -> Vec<(RemovalTarget, bool)> {
+    plan.removals
+        .iter()
+        .map(|removal| (removal.target.clone(), removal.frees))
+        .collect()
+}
+
+fn r(raw: &str) -> RemovalTarget {
+    RemovalTarget::Ref(raw.to_owned())
+}
+
+#[test]
+fn a_mixed_id_on_a_cri_store_is_kept_whole_and_reported() {
+    let node = store(
+        "node-1",
+        StoreKind::Node,
+        RemovalMode::PerId,
+        vec![image(
+            1,
+            &["docker.io/library/api:new", "docker.io/library/api:old"],
+            100,
+        )],
+    );
+    let plan = plan(&[node], &claims(&["api:new"]), &policy());
+    let store = &plan.stores[0];
+    assert!(store.removals.is_empty());
+    assert_eq!(
+        store.kept_whole,
+        vec![KeptWhole {
+            id: id(1),
+            kept_by: "docker.io/library/api:new".to_owned(),
+            garbage_refs: vec!["docker.io/library/api:old".to_owned()],
+        }]
+    );
+    assert_eq!(store.freed_bytes, 0);
+}
+
+#[test]
+fn an_all_garbage_id_on_a_cri_store_goes_as_one_removal_by_id() {
+    let node = store(
+        "node-1",
+        StoreKind::Node,
+        RemovalMode::PerId,
+        vec![image(
+            1,
+            &["docker.io/library/api:old", "docker.io/library/api:older"],
+            100,
+        )],
+    );
+    let plan = plan(&[node], &Roots::default(), &policy());
+    assert_eq!(
+        targets(&plan.stores[0]),
+        vec![(RemovalTarget::Id(id(1)), true)]
+    );
+    assert_eq!(plan.stores[0].freed_bytes, 100);
+    assert_eq!(
+        plan.stores[0].freed_by_instance,
+        BTreeMap::from([("shop".to_owned(), 100)])
+    );
+}
+
+#[test]
+fn the_import_alias_goes_last_with_its_named_ref() {
+    let import = format!("import-2026-11-29@{}", id(9));
+    let id_ref = id(1);
+    let node = store(
+        "node-1",
+        StoreKind::Node,
+        RemovalMode::PerRef,
+        vec![image(
+            1,
+            &[&import, "docker.io/library/api:old", &id_ref],
+            100,
+        )],
+    );
+    let plan = plan(&[node], &Roots::default(), &policy());
+    assert_eq!(
+        targets(&plan.stores[0]),
+        vec![
+            (r("docker.io/library/api:old"), false),
+            (r(&import), false),
+            (r(&id_ref), true),
+        ]
+    );
+    assert_eq!(plan.stores[0].removals[2].bytes, 100);
+}
+
+#[test]
+fn aliases_stay_while_a_named_ref_of_their_id_is_kept() {
+    let import = format!("import-2026-11-29@{}", id(9));
+    let node = store(
+        "node-1",
+        StoreKind::Node,
+        RemovalMode::PerRef,
+        vec![image(
+            1,
+            &[
+                &import,
+                "docker.io/library/api:new",
+                "docker.io/library/api:old",
+            ],
+            100,
+        )],
+    );
+    let plan = plan(&[node], &claims(&["docker.io/library/api:new"]), &policy());
+    assert_eq!(
+        targets(&plan.stores[0]),
+        vec![(r("docker.io/library/api:old"), false)]
+    );
+    assert_eq!(plan.stores[0].freed_bytes, 0);
+}
+
+#[test]
+fn a_dangling_host_image_is_removed_by_id_unless_its_id_is_a_root() {
+    let host = store(
+        "host",
+        StoreKind::Host,
+        RemovalMode::PerRef,
+        vec![image(1, &[], 70)],
+    );
+    let swept = plan(std::slice::from_ref(&host), &Roots::default(), &policy());
+    assert_eq!(
+        targets(&swept.stores[0]),
+        vec![(RemovalTarget::Id(id(1)), true)]
+    );
+    assert_eq!(swept.stores[0].freed_bytes, 70);
+
+    let used = Roots {
+        workloads: BTreeMap::from([(StoreId("host".to_owned()), vec![id(1)])]),
+        ..Roots::default()
+    };
+    assert!(plan(&[host], &used, &policy()).is_empty());
+}
+
+#[test]
+fn a_digest_root_keeps_the_image_whatever_its_names() {
+    let pinned = image(1, &["api:old", "api:older"], 100);
+    let digest = pinned.digests[0].clone();
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![pinned]);
+    for root in [
+        format!("other/name@{digest}"),
+        digest.clone(),
+        id(1),
+        format!("api:t@{}", id(1)),
+    ] {
+        let plan = plan(std::slice::from_ref(&host), &claims(&[&root]), &policy());
+        assert!(plan.is_empty(), "{root} did not keep the image: {plan:?}");
+    }
+}
+
+#[test]
+fn the_previous_generation_is_grace_only_where_images_run() {
+    let roots = Roots {
+        records: vec![InstanceRecord {
+            instance: "shop".to_owned(),
+            current: vec!["api:new".to_owned()],
+            previous: vec!["api:old".to_owned()],
+        }],
+        ..Roots::default()
+    };
+    let images = || vec![image(1, &["api:new"], 10), image(2, &["api:old"], 20)];
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, images());
+    let mut local = store("local", StoreKind::Host, RemovalMode::PerRef, images());
+    local.runs_workloads = true;
+    let node = store("node", StoreKind::Node, RemovalMode::PerRef, images());
+
+    let plan = plan(&[node, local, host], &roots, &policy());
+    let by_store: BTreeMap<&str, Vec<(RemovalTarget, bool)>> = plan
+        .stores
+        .iter()
+        .map(|store| (store.store.0.as_str(), targets(store)))
+        .collect();
+    assert_eq!(by_store["host"], vec![(r("api:old"), true)]);
+    assert!(by_store["local"].is_empty());
+    assert!(by_store["node"].is_empty());
+}
+
+#[test]
+fn only_this_farms_labeled_images_are_candidates() {
+    let mut other_farm = image(1, &["api:a"], 1);
+    other_farm
+        .labels
+        .insert(LABEL_FARM.to_owned(), "farm-b".to_owned());
+    let mut unlabeled = image(2, &["api:b"], 1);
+    unlabeled.labels.clear();
+    let mut cleared = image(3, &["api:c"], 1);
+    cleared.labels.insert(LABEL_KIND.to_owned(), String::new());
+    let mut shared = image(4, &["base:d"], 5);
+    shared
+        .labels
+        .insert(LABEL_KIND.to_owned(), KIND_SHARED.to_owned());
+    shared.labels.remove(LABEL_INSTANCE);
+    let host = store(
+        "host",
+        StoreKind::Host,
+        RemovalMode::PerRef,
+        vec![other_farm, unlabeled, cleared, shared],
+    );
+    let plan = plan(&[host], &Roots::default(), &policy());
+    assert_eq!(targets(&plan.stores[0]), vec![(r("base:d"), true)]);
+    assert_eq!(plan.stores[0].removals[0].instance, None);
+    assert_eq!(
+        plan.stores[0].freed_by_instance,
+        BTreeMap::from([(KIND_SHARED.to_owned(), 5)])
+    );
+}
+
+#[test]
+fn workloads_keep_only_on_their_own_store() {
+    let images = || vec![image(1, &["api:t"], 10)];
+    let a = store("a", StoreKind::Host, RemovalMode::PerRef, images());
+    let b = store("b", StoreKind::Host, RemovalMode::PerRef, images());
+    let roots = Roots {
+        workloads: BTreeMap::from([(
+            StoreId("a".to_owned()),
+            vec!["docker.io/library/api:t".to_owned()],
+        )]),
+        ..Roots::default()
+    };
+    let plan = plan(&[b, a], &roots, &policy());
+    assert_eq!(plan.stores[0].store.0, "a");
+    assert!(plan.stores[0].removals.is_empty());
+    assert_eq!(targets(&plan.stores[1]), vec![(r("api:t"), true)]);
+}
+
+#[test]
+fn applying_a_plan_drops_removed_refs_and_emptied_images() {
+    let listings = vec![store(
+        "host",
+        StoreKind::Host,
+        RemovalMode::PerRef,
+        vec![
+            image(1, &["api:new", "api:old"], 10),
+            image(2, &["api:gone"], 20),
+        ],
+    )];
+    let plan = plan(&listings, &claims(&["api:new"]), &policy());
+    let after = plan.apply_to(&listings);
+    assert_eq!(after[0].images.len(), 1);
+    assert_eq!(after[0].images[0].refs, vec!["api:new".to_owned()]);
+    assert!(super::plan(&after, &claims(&["api:new"]), &policy()).is_empty());
+}

@@ -26,7 +26,9 @@ const HUB_DOMAINS: [&str; 2] = ["docker.io", "index.docker.io"];
 const OFFICIAL_NAMESPACE: &str = "library/";
 const IMPORT_PREFIX: &str = "import-";
 
-// TODO(refs): use crate::refs::ImageRef once it lands
+// Not `crate::refs::ImageRef::parse`: a store lists refs no registry would accept (containerd keeps
+// whatever it was handed), and the planner must still compare them instead of failing; it is also
+// the hot loop of a 100k-image sweep. A test below holds the two to the same answer on valid refs.
 pub(super) fn normalize(raw: &str) -> NormRef {
     if is_id_ref(raw) {
         return NormRef::Alias {
@@ -186,6 +188,27 @@ mod tests {
         assert_eq!(normalize(&import), NormRef::Alias { digest: id.clone() });
         let hub_import = format!("docker.io/library/import-2026-11-29@sha256:{HEX}");
         assert_eq!(normalize(&hub_import), NormRef::Alias { digest: id });
+    }
+
+    #[test]
+    fn agrees_with_image_ref_on_valid_refs() {
+        let pinned = format!("envoyproxy/envoy:v1@sha256:{HEX}");
+        for raw in [
+            "x",
+            "x:1",
+            "library/x",
+            "docker.io/library/x:2",
+            "index.docker.io/team/y",
+            "team/y:t",
+            "localhost:5000/a/b:c",
+            "reg.example.com/library/x",
+            "[::1]:5000/x:y",
+            "Registry.Example/x",
+            pinned.as_str(),
+        ] {
+            let parsed = crate::refs::ImageRef::parse(raw).unwrap();
+            assert_eq!(canonical(raw), parsed.familiar(), "{raw}");
+        }
     }
 
     #[test]

@@ -1,1 +1,31 @@
-fn main() {}
+//! `kiln-bench`: Kiln's benchmarks and their baselines, run side by side on this machine.
+//! Each subcommand generates its own data in a scratch directory, times Kiln and the baselines in
+//! interleaved rounds and prints medians, ratios against the goals, and a markdown table
+//! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
+
+mod digest;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kiln-bench",
+    about = "Kiln's benchmarks against their baselines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Bench,
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Tree digest: small files (warm, optionally cold) vs cat and a Node hash; a big file vs b3sum.
+    Digest(digest::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Bench::Digest(args) => digest::run(&args),
+    }
+}

@@ -41,12 +41,7 @@ pub fn run(args: &Args) -> Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("baselines/content_hash.mjs");
     let scratch = util::scratch_dir("kiln-bench-digest-")?;
     let tree = scratch.path().join("tree");
-    eprintln!(
-        "generating {} files of {} bytes under {}",
-        args.files,
-        args.size,
-        tree.display()
-    );
+    eprintln!("generating {} files of {} bytes under {}", args.files, args.size, tree.display());
     generate_small(&tree, args.files, args.size)?;
     println!("## Tree digest\n");
     println!(
@@ -84,8 +79,8 @@ fn generate_small(root: &Path, files: usize, size: usize) -> Result<()> {
 
 fn time_kiln(root: &Path) -> Result<Duration> {
     let started = Instant::now();
-    let (tree, digest) = digest_dir(root, &WalkOptions::default())
-        .with_context(|| format!("digesting {}", root.display()))?;
+    let (tree, digest) =
+        digest_dir(root, &WalkOptions::default()).with_context(|| format!("digesting {}", root.display()))?;
     let took = started.elapsed();
     std::hint::black_box((tree.entries.len(), digest));
     Ok(took)
@@ -93,16 +88,9 @@ fn time_kiln(root: &Path) -> Result<Duration> {
 
 /// Runs the Node baseline and returns the time it reports for the hash itself.
 fn time_node(node: &Path, script: &Path, root: &Path) -> Result<Duration> {
-    let out = Command::new(node)
-        .arg(script)
-        .arg(root)
-        .output()
-        .context("running node")?;
+    let out = Command::new(node).arg(script).arg(root).output().context("running node")?;
     if !out.status.success() {
-        bail!(
-            "content_hash.mjs failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("content_hash.mjs failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let ms: f64 = text
@@ -115,16 +103,9 @@ fn time_node(node: &Path, script: &Path, root: &Path) -> Result<Duration> {
 
 fn small_files(root: &Path, node: &Path, script: &Path, runs: usize, cold: bool) -> Result<()> {
     let (_, digest) = digest_dir(root, &WalkOptions::default())?;
-    let label = if cold {
-        "cold page cache"
-    } else {
-        "warm page cache"
-    };
+    let label = if cold { "cold page cache" } else { "warm page cache" };
     eprintln!("small files, {label}: kiln digest {digest}");
-    let pipeline = format!(
-        "cd '{}' && find . -type f -print0 | sort -z | xargs -0 cat > /dev/null",
-        root.display()
-    );
+    let pipeline = format!("cd '{}' && find . -type f -print0 | sort -z | xargs -0 cat > /dev/null", root.display());
     let mut contestants = vec![
         Contestant::new("kiln digest_dir", || time_kiln(root)),
         Contestant::new("(a) find | sort | xargs cat", || {
@@ -133,13 +114,7 @@ fn small_files(root: &Path, node: &Path, script: &Path, runs: usize, cold: bool)
         Contestant::new("(b) node contentHash", || time_node(node, script, root)),
     ];
     let warmup = if cold { 0 } else { 1 };
-    util::rounds(&mut contestants, runs, warmup, || {
-        if cold {
-            util::drop_caches()
-        } else {
-            Ok(())
-        }
-    })?;
+    util::rounds(&mut contestants, runs, warmup, || if cold { util::drop_caches() } else { Ok(()) })?;
     util::print_table(&format!("Small files, {label}"), &contestants);
     let kiln = contestants[0].median();
     let vs_a = util::speedup(contestants[1].median(), kiln);
@@ -168,15 +143,10 @@ fn big_file(scratch: &Path, gib: u64, runs: usize) -> Result<()> {
     eprintln!("one big file: kiln digest {digest}");
     let mut contestants = vec![
         Contestant::new("kiln digest_dir", || time_kiln(&dir)),
-        Contestant::new("b3sum FILE", || {
-            util::time_command(Command::new(&b3sum).arg(&file))
-        }),
+        Contestant::new("b3sum FILE", || util::time_command(Command::new(&b3sum).arg(&file))),
     ];
     util::rounds(&mut contestants, runs, 1, || Ok(()))?;
-    util::print_table(
-        &format!("One {gib} GiB file, warm page cache"),
-        &contestants,
-    );
+    util::print_table(&format!("One {gib} GiB file, warm page cache"), &contestants);
     let vs = util::speedup(contestants[1].median(), contestants[0].median());
     println!();
     util::goal("big file: Kiln vs b3sum", vs, 0.8);

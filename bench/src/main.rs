@@ -9,10 +9,7 @@ mod util;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "kiln-bench",
-    about = "Kiln's benchmarks against their baselines"
-)]
+#[command(name = "kiln-bench", about = "Kiln's benchmarks against their baselines")]
 struct Cli {
     #[command(subcommand)]
     command: Bench,

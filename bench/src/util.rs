@@ -17,11 +17,7 @@ pub struct Contestant<'a> {
 
 impl<'a> Contestant<'a> {
     pub fn new(name: impl Into<String>, run: impl FnMut() -> Result<Duration> + 'a) -> Self {
-        Contestant {
-            name: name.into(),
-            run: Box::new(run),
-            times: Vec::new(),
-        }
+        Contestant { name: name.into(), run: Box::new(run), times: Vec::new() }
     }
 
     pub fn median(&self) -> Duration {
@@ -42,12 +38,7 @@ pub fn rounds(
             before_each()?;
             let took = (c.run)().with_context(|| format!("{} failed", c.name))?;
             if round >= warmup {
-                eprintln!(
-                    "  {:<28} run {:>2}: {}",
-                    c.name,
-                    round - warmup + 1,
-                    fmt(took)
-                );
+                eprintln!("  {:<28} run {:>2}: {}", c.name, round - warmup + 1, fmt(took));
                 c.times.push(took);
             }
         }
@@ -83,10 +74,7 @@ pub fn speedup(theirs: Duration, ours: Duration) -> f64 {
 /// Times a whole process from spawn to exit; fails if it exits non-zero.
 pub fn time_command(cmd: &mut Command) -> Result<Duration> {
     let started = Instant::now();
-    let status = cmd
-        .stdout(Stdio::null())
-        .status()
-        .with_context(|| format!("spawning {cmd:?}"))?;
+    let status = cmd.stdout(Stdio::null()).status().with_context(|| format!("spawning {cmd:?}"))?;
     let took = started.elapsed();
     if !status.success() {
         bail!("{cmd:?} exited with {status}");
@@ -107,9 +95,7 @@ pub fn drop_caches() -> Result<()> {
 /// The first `name` on `PATH`.
 pub fn which(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file())
 }
 
 /// Prints a markdown table of contestants: median, fastest, slowest, and the ratio of each
@@ -127,24 +113,14 @@ pub fn print_table(title: &str, contestants: &[Contestant<'_>]) {
         } else {
             format!("{:.2}×", speedup(c.median(), subject))
         };
-        println!(
-            "| {} | {} | {} | {} | {} |",
-            c.name.replace('|', "\\|"),
-            fmt(c.median()),
-            fmt(min),
-            fmt(max),
-            ratio
-        );
+        println!("| {} | {} | {} | {} | {} |", c.name.replace('|', "\\|"), fmt(c.median()), fmt(min), fmt(max), ratio);
     }
 }
 
 /// A goal line: `ok`/`MISSED`, and the measured against the required ratio.
 pub fn goal(what: &str, measured: f64, required: f64) -> bool {
     let met = measured >= required;
-    println!(
-        "- {what}: {measured:.2}× (goal ≥ {required:.2}×) — {}",
-        if met { "met" } else { "MISSED" }
-    );
+    println!("- {what}: {measured:.2}× (goal ≥ {required:.2}×) — {}", if met { "met" } else { "MISSED" });
     met
 }
 

@@ -12,7 +12,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "kiln", version, about = "Content-addressed container images: built once, delivered, swept by reachability")]
+#[command(
+    name = "kiln",
+    version,
+    about = "Content-addressed container images: built once, delivered, swept by reachability"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

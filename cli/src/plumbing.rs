@@ -3,6 +3,8 @@
 use anyhow::{bail, Context, Result};
 use kiln_core::archive;
 use kiln_core::digest::{digest_dir, TreeDigest, WalkOptions};
+use kiln_core::manifest::{ImageSpec, Manifest};
+use kiln_core::refs::content_ref;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -14,9 +16,13 @@ pub fn digest(dir: &Path, list: bool, dockerfile: String) -> Result<()> {
         for e in &tree.entries {
             let path = String::from_utf8_lossy(&e.path);
             match e.kind {
-                kiln_core::digest::EntryKind::Symlink => {
-                    writeln!(out, "{:<7} {:>12}  {path} -> {}", e.kind.name(), e.size, String::from_utf8_lossy(&e.link_target))?
-                }
+                kiln_core::digest::EntryKind::Symlink => writeln!(
+                    out,
+                    "{:<7} {:>12}  {path} -> {}",
+                    e.kind.name(),
+                    e.size,
+                    String::from_utf8_lossy(&e.link_target)
+                )?,
                 _ => writeln!(out, "{:<7} {:>12}  {path}", e.kind.name(), e.size)?,
             }
         }
@@ -57,7 +63,12 @@ pub fn unpack(file: &Path, dir: &Path, expect: Option<&str>) -> Result<()> {
     };
     match result {
         Ok(done) => {
-            eprintln!("unpacked {} entries ({} bytes of content) into {}", done.entries, done.content_bytes, dir.display());
+            eprintln!(
+                "unpacked {} entries ({} bytes of content) into {}",
+                done.entries,
+                done.content_bytes,
+                dir.display()
+            );
             println!("{}", done.digest);
             Ok(())
         }
@@ -85,6 +96,26 @@ fn clear_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn refs(_dir: &Path) -> Result<()> {
-    bail!("not yet")
+/// Step 1 of the converge, alone: walk and address every built image; brought and pinned refs
+/// pass through untouched.
+pub fn refs(dir: &Path) -> Result<()> {
+    let manifest = Manifest::load(dir)?;
+    let mut out = BufWriter::new(io::stdout().lock());
+    writeln!(out, "instance {} → {} ({})", manifest.instance, manifest.target.kind_name(), manifest.platforms)?;
+    for image in &manifest.images {
+        match &image.spec {
+            ImageSpec::Built(built) => {
+                let (tree, _, address) = built
+                    .address(&manifest.platforms)
+                    .with_context(|| format!("{}: built image {:?}", manifest.path.display(), image.name))?;
+                let repo = manifest.target.qualify(&built.repository);
+                let content = content_ref(&repo, &address, &manifest.platforms)?;
+                writeln!(out, "{:<12} built    {content}  ({} entries)", image.name, tree.entries.len())?;
+            }
+            ImageSpec::Brought(r) => writeln!(out, "{:<12} brought  {r}", image.name)?,
+            ImageSpec::Pinned(r) => writeln!(out, "{:<12} pinned   {r}", image.name)?,
+        }
+    }
+    out.flush()?;
+    Ok(())
 }

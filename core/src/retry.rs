@@ -34,10 +34,7 @@ impl LadderConfig {
 
     /// The standard ladder with another window.
     pub fn with_window(window: Duration) -> Self {
-        LadderConfig {
-            window,
-            ..LadderConfig::default()
-        }
+        LadderConfig { window, ..LadderConfig::default() }
     }
 
     /// The standard ladder that never gives up.
@@ -70,16 +67,8 @@ impl Ladder {
     /// `first` is raised to `first`.
     pub fn new(config: LadderConfig, seed: u64) -> Self {
         let first = config.first.max(Duration::from_millis(1));
-        let config = LadderConfig {
-            first,
-            cap: config.cap.max(first),
-            window: config.window,
-        };
-        Ladder {
-            config,
-            rng: fastrand::Rng::with_seed(seed),
-            rung: 0,
-        }
+        let config = LadderConfig { first, cap: config.cap.max(first), window: config.window };
+        Ladder { config, rng: fastrand::Rng::with_seed(seed), rung: 0 }
     }
 
     pub fn config(&self) -> LadderConfig {
@@ -90,10 +79,7 @@ impl Ladder {
     pub fn next_rung(&self) -> Duration {
         // Past 2^31 × first the rung has long been capped; saturate instead of overflowing.
         let factor = 1u32.checked_shl(self.rung).unwrap_or(u32::MAX);
-        self.config
-            .first
-            .saturating_mul(factor)
-            .min(self.config.cap)
+        self.config.first.saturating_mul(factor).min(self.config.cap)
     }
 
     /// How long to sleep before the next attempt, given the time since the first one began; `None`
@@ -192,23 +178,11 @@ impl<T, E: fmt::Display> Retried<T, E> {
     /// The routability line, or `None` when the first attempt succeeded and nothing was spent.
     pub fn routability_line(&self, seat: &str, url: &str) -> Option<String> {
         let last = self.last.as_ref()?;
-        Some(routability_line(
-            seat,
-            self.attempts,
-            self.elapsed,
-            last,
-            url,
-        ))
+        Some(routability_line(seat, self.attempts, self.elapsed, last, url))
     }
 }
 
-fn routability_line(
-    seat: &str,
-    attempts: u32,
-    elapsed: Duration,
-    last: &dyn fmt::Display,
-    url: &str,
-) -> String {
+fn routability_line(seat: &str, attempts: u32, elapsed: Duration, last: &dyn fmt::Display, url: &str) -> String {
     format!(
         "kiln.routability seat={} attempts={attempts} ms={} last={} url={}",
         field(seat),
@@ -234,9 +208,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Attempt<E>>>,
 {
-    retry_measured(ladder, clock, op)
-        .await
-        .map(|retried| retried.value)
+    retry_measured(ladder, clock, op).await.map(|retried| retried.value)
 }
 
 /// [`retry`], also returning what a success cost, for the routability line.
@@ -258,14 +230,7 @@ where
         let outcome = op().await;
         let elapsed = clock.now().saturating_duration_since(start);
         let (error, reason) = match outcome {
-            Ok(value) => {
-                return Ok(Retried {
-                    value,
-                    attempts,
-                    elapsed,
-                    last,
-                })
-            }
+            Ok(value) => return Ok(Retried { value, attempts, elapsed, last }),
             Err(Attempt::Fatal(error)) => (error, StopReason::Fatal),
             Err(Attempt::Retry(error)) => match ladder.next_sleep(elapsed) {
                 Some(sleep) => {
@@ -276,12 +241,7 @@ where
                 None => (error, StopReason::WindowExhausted),
             },
         };
-        return Err(GaveUp {
-            attempts,
-            elapsed,
-            reason,
-            last: error,
-        });
+        return Err(GaveUp { attempts, elapsed, reason, last: error });
     }
 }
 
@@ -298,10 +258,7 @@ mod tests {
             for rung in RUNGS_MS {
                 let sleep = ladder.next_sleep(Duration::ZERO).unwrap();
                 let range = Duration::from_millis(rung / 2)..=Duration::from_millis(rung);
-                assert!(
-                    range.contains(&sleep),
-                    "seed {seed}: {sleep:?} outside {range:?}"
-                );
+                assert!(range.contains(&sleep), "seed {seed}: {sleep:?} outside {range:?}");
             }
             for _ in 0..100 {
                 assert_eq!(ladder.next_rung(), Duration::from_secs(5));
@@ -336,16 +293,9 @@ mod tests {
 
     #[test]
     fn degenerate_configs_are_raised_rather_than_spinning() {
-        let config = LadderConfig {
-            first: Duration::ZERO,
-            cap: Duration::ZERO,
-            window: Duration::from_secs(1),
-        };
+        let config = LadderConfig { first: Duration::ZERO, cap: Duration::ZERO, window: Duration::from_secs(1) };
         let mut ladder = Ladder::new(config, 0);
-        assert_eq!(
-            ladder.next_sleep(Duration::ZERO),
-            Some(Duration::from_millis(1))
-        );
+        assert_eq!(ladder.next_sleep(Duration::ZERO), Some(Duration::from_millis(1)));
     }
 
     #[test]
@@ -361,15 +311,7 @@ mod tests {
             "kiln.routability seat=agent.list attempts=3 ms=502 \
              last=\"connect ECONNREFUSED 10.0.0.7:7070\" url=10.0.0.7:7070"
         );
-        let retried = Retried {
-            value: (),
-            attempts: 1,
-            elapsed: Duration::ZERO,
-            last: None::<&str>,
-        };
-        assert_eq!(
-            retried.routability_line("agent.list", "10.0.0.7:7070"),
-            None
-        );
+        let retried = Retried { value: (), attempts: 1, elapsed: Duration::ZERO, last: None::<&str> };
+        assert_eq!(retried.routability_line("agent.list", "10.0.0.7:7070"), None);
     }
 }

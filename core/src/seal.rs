@@ -79,22 +79,16 @@ pub fn seal(root: &Path, spec: &SealSpec) -> Result<SealReport, SealError> {
     let mut report = SealReport::default();
     let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let mut items: Vec<_> = fs::read_dir(&dir)
-            .map_err(|e| io_err(&dir, e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| io_err(&dir, e))?;
+        let mut items: Vec<_> =
+            fs::read_dir(&dir).map_err(|e| io_err(&dir, e))?.collect::<Result<_, _>>().map_err(|e| io_err(&dir, e))?;
         items.sort_by_key(|e| e.file_name());
         for item in items {
             let path = item.path();
             let rel = shown(root, &path);
             let meta = fs::symlink_metadata(&path).map_err(|e| io_err(&path, e))?;
             if patterns.is_excluded(&rel) {
-                if meta.is_dir() {
-                    fs::remove_dir_all(&path)
-                } else {
-                    fs::remove_file(&path)
-                }
-                .map_err(|e| io_err(&path, e))?;
+                if meta.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) }
+                    .map_err(|e| io_err(&path, e))?;
                 report.deleted.push(rel);
                 continue;
             }

@@ -3,8 +3,7 @@
 //! spec names.
 
 use kiln_core::digest::{
-    digest_dir, digest_tree, walk_tree, DigestError, EntryKind, StreamHasher, Tree, TreeDigest,
-    WalkOptions,
+    digest_dir, digest_tree, walk_tree, DigestError, EntryKind, StreamHasher, Tree, TreeDigest, WalkOptions,
 };
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -17,10 +16,7 @@ fn digest(root: &Path) -> TreeDigest {
 }
 
 fn paths(tree: &Tree) -> Vec<String> {
-    tree.entries
-        .iter()
-        .map(|e| String::from_utf8_lossy(&e.path).into_owned())
-        .collect()
+    tree.entries.iter().map(|e| String::from_utf8_lossy(&e.path).into_owned()).collect()
 }
 
 fn write(root: &Path, rel: &str, content: &[u8]) {
@@ -58,12 +54,8 @@ fn the_same_tree_gives_the_same_digest_in_any_directory() {
 fn mtime_does_not_count() {
     let d = sample();
     let before = digest(d.path());
-    let f = fs::File::options()
-        .write(true)
-        .open(d.path().join("src/main.rs"))
-        .unwrap();
-    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000))
-        .unwrap();
+    let f = fs::File::options().write(true).open(d.path().join("src/main.rs")).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
     drop(f);
     assert_eq!(before, digest(d.path()));
 }
@@ -119,11 +111,7 @@ fn a_symlink_target_counts() {
 fn symlinks_are_recorded_not_followed() {
     let d = sample();
     let (tree, _) = digest_dir(d.path(), &WalkOptions::default()).unwrap();
-    let link = tree
-        .entries
-        .iter()
-        .find(|e| e.path == b"bin/main-link")
-        .unwrap();
+    let link = tree.entries.iter().find(|e| e.path == b"bin/main-link").unwrap();
     assert_eq!(link.kind, EntryKind::Symlink);
     assert_eq!(link.link_target, b"../src/main.rs");
     // A link to a directory is not walked into.
@@ -136,9 +124,7 @@ fn expect_escape(target: &str) {
     let d = sample();
     symlink(target, d.path().join("src/lib/bad")).unwrap();
     match digest_dir(d.path(), &WalkOptions::default()) {
-        Err(DigestError::SymlinkEscapes {
-            path, target: t, ..
-        }) => {
+        Err(DigestError::SymlinkEscapes { path, target: t, .. }) => {
             assert_eq!(path, "src/lib/bad");
             assert_eq!(t, target);
         }
@@ -169,10 +155,7 @@ fn sockets_and_fifos_are_refused_naming_the_path() {
     }
 
     let d = sample();
-    let status = std::process::Command::new("mkfifo")
-        .arg(d.path().join("pipe"))
-        .status()
-        .unwrap();
+    let status = std::process::Command::new("mkfifo").arg(d.path().join("pipe")).status().unwrap();
     assert!(status.success(), "mkfifo failed");
     match digest_dir(d.path(), &WalkOptions::default()) {
         Err(DigestError::SpecialFile { path, what, .. }) => {
@@ -225,10 +208,7 @@ fn a_file_gone_or_resized_after_the_walk_is_an_error_naming_it() {
         other => panic!("expected Unreadable for growth, got {other:?}"),
     }
     write(d.path(), "src/lib/mod.rs", b"short");
-    assert!(
-        matches!(digest_tree(&tree), Err(DigestError::Unreadable { .. })),
-        "shrunk file accepted"
-    );
+    assert!(matches!(digest_tree(&tree), Err(DigestError::Unreadable { .. })), "shrunk file accepted");
 }
 
 #[test]
@@ -256,12 +236,7 @@ fn editing_an_ignored_file_does_not_change_the_digest() {
     assert_eq!(before, digest(d.path()));
     let tree = walk_tree(d.path(), &WalkOptions::default()).unwrap();
     let listed = paths(&tree);
-    assert!(
-        !listed
-            .iter()
-            .any(|p| p == "build.log" || p.starts_with("src/lib")),
-        "{listed:?}"
-    );
+    assert!(!listed.iter().any(|p| p == "build.log" || p.starts_with("src/lib")), "{listed:?}");
 }
 
 #[test]
@@ -274,9 +249,7 @@ fn dockerfile_and_dockerignore_are_kept_even_when_ignored() {
     // A Dockerfile elsewhere, under an excluded directory: kept, its directory walked but unlisted.
     write(d.path(), "ci/build.Dockerfile", b"FROM scratch\n");
     write(d.path(), "ci/other", b"x");
-    let opts = WalkOptions {
-        dockerfile: Some("./ci/build.Dockerfile".into()),
-    };
+    let opts = WalkOptions { dockerfile: Some("./ci/build.Dockerfile".into()) };
     let tree = walk_tree(d.path(), &opts).unwrap();
     assert_eq!(paths(&tree), [".dockerignore", "ci/build.Dockerfile"]);
 }
@@ -291,12 +264,7 @@ fn an_exception_re_includes_a_file_under_an_excluded_directory() {
     let tree = walk_tree(d.path(), &WalkOptions::default()).unwrap();
     let listed = paths(&tree);
     assert!(listed.contains(&"docs/keep.md".to_string()), "{listed:?}");
-    assert!(
-        !listed
-            .iter()
-            .any(|p| p == "docs" || p.starts_with("docs/d")),
-        "{listed:?}"
-    );
+    assert!(!listed.iter().any(|p| p == "docs" || p.starts_with("docs/d")), "{listed:?}");
 }
 
 #[test]
@@ -315,10 +283,7 @@ fn an_invalid_dockerignore_is_refused() {
 fn a_root_that_is_not_a_directory_is_refused() {
     let d = sample();
     let file = d.path().join("Dockerfile");
-    assert!(matches!(
-        walk_tree(&file, &WalkOptions::default()),
-        Err(DigestError::NotADirectory { .. })
-    ));
+    assert!(matches!(walk_tree(&file, &WalkOptions::default()), Err(DigestError::NotADirectory { .. })));
 }
 
 #[test]
@@ -357,10 +322,7 @@ fn wide_tree() -> tempfile::TempDir {
 fn the_digest_does_not_depend_on_thread_count() {
     let d = wide_tree();
     let with = |threads| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
         pool.install(|| digest(d.path()))
     };
     let one = with(1);
@@ -417,8 +379,5 @@ fn a_hand_built_tree_out_of_order_is_refused() {
     let d = sample();
     let mut tree = walk_tree(d.path(), &WalkOptions::default()).unwrap();
     tree.entries.swap(0, 1);
-    assert!(matches!(
-        digest_tree(&tree),
-        Err(DigestError::Unordered { .. })
-    ));
+    assert!(matches!(digest_tree(&tree), Err(DigestError::Unordered { .. })));
 }

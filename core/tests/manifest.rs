@@ -2,9 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_core::manifest::{
-    DockerfileLoc, ImageSpec, Manifest, ManifestError, RegistryPath, Target,
-};
+use kiln_core::manifest::{DockerfileLoc, ImageSpec, Manifest, ManifestError, RegistryPath, Target};
 use kiln_core::refs::{ImageRef, PlatformSet};
 use tempfile::TempDir;
 
@@ -95,44 +93,25 @@ ref = "envoyproxy/envoy:v1.30.1@{DIGEST}"
     assert_eq!(m.path, dir.path().join("kiln.toml"));
     assert_eq!(m.instance, "shop");
     assert_eq!(m.platforms.to_string(), "amd64.arm64");
-    let registry = RegistryPath {
-        host: "127.0.0.1:5000".to_string(),
-        prefix: Some("team".to_string()),
-    };
+    let registry = RegistryPath { host: "127.0.0.1:5000".to_string(), prefix: Some("team".to_string()) };
     assert_eq!(m.target, Target::Registry(registry));
     assert_eq!(m.target.qualify("shop-api"), "127.0.0.1:5000/team/shop-api");
     assert_eq!(m.namespace.as_deref(), Some("shop"));
-    assert_eq!(
-        m.mirror_registry
-            .as_ref()
-            .map(ToString::to_string)
-            .as_deref(),
-        Some("mirror.internal:5000/upstream")
-    );
+    assert_eq!(m.mirror_registry.as_ref().map(ToString::to_string).as_deref(), Some("mirror.internal:5000/upstream"));
 
     // File order, not section order.
     let names: Vec<&str> = m.images.iter().map(|i| i.name.as_str()).collect();
     assert_eq!(names, ["db", "api", "worker", "tools", "envoy"]);
 
-    let ImageSpec::Brought(db) = &m.image("db").unwrap().spec else {
-        panic!("db is brought")
-    };
-    assert_eq!(
-        db,
-        &ImageRef::parse("docker.io/library/postgres:16").unwrap()
-    );
+    let ImageSpec::Brought(db) = &m.image("db").unwrap().spec else { panic!("db is brought") };
+    assert_eq!(db, &ImageRef::parse("docker.io/library/postgres:16").unwrap());
 
     let built: Vec<_> = m.built().collect();
     assert_eq!(built.len(), 3);
     let (_, api) = built[0];
     assert_eq!(api.context, root.join("services/api"));
     assert!(api.context.is_absolute());
-    assert_eq!(
-        api.dockerfile,
-        DockerfileLoc::Inside {
-            rel: "Dockerfile".to_string()
-        }
-    );
+    assert_eq!(api.dockerfile, DockerfileLoc::Inside { rel: "Dockerfile".to_string() });
     assert!(api.args.is_empty());
     assert_eq!(api.target, None);
     assert!(!api.shared);
@@ -146,31 +125,18 @@ ref = "envoyproxy/envoy:v1.30.1@{DIGEST}"
             rel: "../../docker/worker.Dockerfile".to_string()
         }
     );
-    assert_eq!(
-        worker.args.get("GREETING").map(String::as_str),
-        Some("hi there")
-    );
+    assert_eq!(worker.args.get("GREETING").map(String::as_str), Some("hi there"));
     assert_eq!(worker.args.get("VERSION").map(String::as_str), Some("1"));
     assert_eq!(worker.target.as_deref(), Some("runtime"));
     assert!(worker.shared);
     assert_eq!(worker.repository, "shared/worker");
 
     let (_, tools) = built[2];
-    assert_eq!(
-        tools.dockerfile,
-        DockerfileLoc::Inside {
-            rel: "docker/tools.Dockerfile".to_string()
-        }
-    );
+    assert_eq!(tools.dockerfile, DockerfileLoc::Inside { rel: "docker/tools.Dockerfile".to_string() });
 
-    let ImageSpec::Pinned(envoy) = &m.image("envoy").unwrap().spec else {
-        panic!("envoy is pinned")
-    };
+    let ImageSpec::Pinned(envoy) = &m.image("envoy").unwrap().spec else { panic!("envoy is pinned") };
     assert_eq!(envoy.digest(), Some(DIGEST));
-    assert_eq!(
-        envoy.normalized(),
-        format!("docker.io/envoyproxy/envoy:v1.30.1@{DIGEST}")
-    );
+    assert_eq!(envoy.normalized(), format!("docker.io/envoyproxy/envoy:v1.30.1@{DIGEST}"));
 
     // The address inputs carry what the manifest resolved.
     let tree = kiln_core::digest::TreeDigest([1; 32]);
@@ -183,48 +149,19 @@ ref = "envoyproxy/envoy:v1.30.1@{DIGEST}"
 #[test]
 fn other_targets_and_defaults() {
     let body = "\n[built.api]\ncontext = \"api\"\n";
-    let (m, _d) = load(
-        &format!("instance = \"a\"\n[target]\nkind = \"kind\"\n{body}"),
-        API,
-    )
-    .unwrap();
-    assert_eq!(
-        m.target,
-        Target::Kind {
-            cluster: "kind".to_string()
-        }
-    );
+    let (m, _d) = load(&format!("instance = \"a\"\n[target]\nkind = \"kind\"\n{body}"), API).unwrap();
+    assert_eq!(m.target, Target::Kind { cluster: "kind".to_string() });
     assert_eq!(m.target.qualify("a-api"), "a-api");
     // No platforms key: this host's architecture.
     assert_eq!(m.platforms, PlatformSet::host());
 
-    let (m, _d) = load(
-        &format!("instance = \"a\"\n[target]\nkind = \"kind\"\ncluster = \"dev\"\n{body}"),
-        API,
-    )
-    .unwrap();
-    assert_eq!(
-        m.target,
-        Target::Kind {
-            cluster: "dev".to_string()
-        }
-    );
-    let (m, _d) = load(
-        &format!("instance = \"a\"\n[target]\nkind = \"nodes\"\ncluster = \"prod\"\n{body}"),
-        API,
-    )
-    .unwrap();
-    assert_eq!(
-        m.target,
-        Target::Nodes {
-            cluster: "prod".to_string()
-        }
-    );
-    let (m, _d) = load(
-        &format!("instance = \"a\"\n[target]\nkind = \"local\"\n{body}"),
-        API,
-    )
-    .unwrap();
+    let (m, _d) =
+        load(&format!("instance = \"a\"\n[target]\nkind = \"kind\"\ncluster = \"dev\"\n{body}"), API).unwrap();
+    assert_eq!(m.target, Target::Kind { cluster: "dev".to_string() });
+    let (m, _d) =
+        load(&format!("instance = \"a\"\n[target]\nkind = \"nodes\"\ncluster = \"prod\"\n{body}"), API).unwrap();
+    assert_eq!(m.target, Target::Nodes { cluster: "prod".to_string() });
+    let (m, _d) = load(&format!("instance = \"a\"\n[target]\nkind = \"local\"\n{body}"), API).unwrap();
     assert_eq!(m.target, Target::Local);
     assert_eq!(m.target.kind_name(), "local");
 }
@@ -240,10 +177,7 @@ fn a_dockerfile_linked_out_of_the_context_is_outside() {
     let m = Manifest::load(dir.path()).unwrap();
     let (_, api) = m.built().next().unwrap();
     let root = std::fs::canonicalize(dir.path()).unwrap();
-    let want = DockerfileLoc::Outside {
-        path: root.join("real.Dockerfile"),
-        rel: "../real.Dockerfile".to_string(),
-    };
+    let want = DockerfileLoc::Outside { path: root.join("real.Dockerfile"), rel: "../real.Dockerfile".to_string() };
     assert_eq!(api.dockerfile, want);
 }
 
@@ -268,33 +202,16 @@ contxt = "api"
 
     let (err, msg, _) = fail("instance = \"a\"\nimages = 1\n", API);
     assert_eq!(err.line, Some(2));
-    assert_has(
-        &msg,
-        &[
-            "unknown key \"images\" at the top level",
-            "instance, platforms, target, built",
-        ],
-    );
+    assert_has(&msg, &["unknown key \"images\" at the top level", "instance, platforms, target, built"]);
 
-    let (err, msg, _) = fail(
-        "instance = \"a\"\n[target]\nkind = \"kind\"\nclustr = \"x\"\n",
-        API,
-    );
+    let (err, msg, _) = fail("instance = \"a\"\n[target]\nkind = \"kind\"\nclustr = \"x\"\n", API);
     assert_eq!(err.line, Some(4));
-    assert_has(
-        &msg,
-        &["unknown key \"clustr\" in [target]", "mirror_registry"],
-    );
+    assert_has(&msg, &["unknown key \"clustr\" in [target]", "mirror_registry"]);
 
-    let (err, msg, _) = fail(
-        "instance = \"a\"\n[target]\nkind = \"local\"\n[pinned.p]\nref = \"x\"\ndigest = \"y\"\n",
-        API,
-    );
+    let (err, msg, _) =
+        fail("instance = \"a\"\n[target]\nkind = \"local\"\n[pinned.p]\nref = \"x\"\ndigest = \"y\"\n", API);
     assert_eq!(err.line, Some(6));
-    assert_has(
-        &msg,
-        &["unknown key \"digest\" in [pinned.p] — expected one of ref"],
-    );
+    assert_has(&msg, &["unknown key \"digest\" in [pinned.p] — expected one of ref"]);
 }
 
 #[test]
@@ -308,12 +225,7 @@ ref = "envoyproxy/envoy:v1.30.1"
 "#;
     let (err, msg, _) = fail(text, &[]);
     assert_eq!(err.line, Some(6));
-    assert_has(
-        &msg,
-        &[
-            r#":6: pinned image "envoy" needs a digest: write ref = "envoyproxy/envoy:v1.30.1@sha256:…""#,
-        ],
-    );
+    assert_has(&msg, &[r#":6: pinned image "envoy" needs a digest: write ref = "envoyproxy/envoy:v1.30.1@sha256:…""#]);
 }
 
 #[test]
@@ -336,15 +248,9 @@ fn missing_context_says_where_it_looked() {
 
     let (err, msg, _) = fail(&text.replace("services/apii", "/abs/api"), &[]);
     assert_eq!(err.line, Some(5));
-    assert_has(
-        &msg,
-        &[r#"context "/abs/api" must be relative to the manifest's folder"#],
-    );
+    assert_has(&msg, &[r#"context "/abs/api" must be relative to the manifest's folder"#]);
 
-    let (err, msg, _) = fail(
-        "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\nshared = true\n",
-        API,
-    );
+    let (err, msg, _) = fail("instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\nshared = true\n", API);
     assert_eq!(err.line, Some(4));
     assert_has(&msg, &[r#"built image "api" needs context = "<dir>""#]);
 }
@@ -354,21 +260,11 @@ fn missing_dockerfiles_are_named() {
     let base = "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
     let (err, msg, _) = fail(base, &[("api/main.sh", "")]);
     assert_eq!(err.line, Some(4));
-    assert_has(
-        &msg,
-        &[
-            r#"built image "api": no Dockerfile in context "api""#,
-            "api/Dockerfile",
-            "set dockerfile = ",
-        ],
-    );
+    assert_has(&msg, &[r#"built image "api": no Dockerfile in context "api""#, "api/Dockerfile", "set dockerfile = "]);
 
     let (err, msg, _) = fail(&format!("{base}dockerfile = \"api/Dockerfil\"\n"), API);
     assert_eq!(err.line, Some(6));
-    assert_has(
-        &msg,
-        &[r#"built image "api": dockerfile "api/Dockerfil" does not exist (looked in "#],
-    );
+    assert_has(&msg, &[r#"built image "api": dockerfile "api/Dockerfil" does not exist (looked in "#]);
 
     let (err, msg, _) = fail(&format!("{base}dockerfile = \"api\"\n"), API);
     assert_eq!(err.line, Some(6));
@@ -389,10 +285,7 @@ ref = "postgres:16"
 "#;
     let (err, msg, _) = fail(text, API);
     assert_eq!(err.line, Some(8));
-    assert_has(
-        &msg,
-        &[r#":8: two images are named "api" ([built.api] and [brought.api]) — rename one"#],
-    );
+    assert_has(&msg, &[r#":8: two images are named "api" ([built.api] and [brought.api]) — rename one"#]);
 }
 
 #[test]
@@ -412,29 +305,10 @@ fn no_target_fails_naming_registry() {
 fn target_errors() {
     let img = "[built.api]\ncontext = \"api\"\n";
     let cases: &[(&str, usize, &[&str])] = &[
-        (
-            "[target]\nkind = \"regsitry\"\n",
-            3,
-            &[
-                r#"unknown target kind "regsitry""#,
-                "registry, kind, nodes, local",
-            ],
-        ),
-        (
-            "[target]\nnamespace = \"x\"\n",
-            2,
-            &["[target] has no kind", "kind = \"registry\""],
-        ),
-        (
-            "[target]\nkind = \"registry\"\n",
-            2,
-            &[r#"target kind "registry" needs registry = "host:port[/prefix]""#],
-        ),
-        (
-            "[target]\nkind = \"nodes\"\n",
-            2,
-            &[r#"target kind "nodes" needs cluster = "<cluster name>""#],
-        ),
+        ("[target]\nkind = \"regsitry\"\n", 3, &[r#"unknown target kind "regsitry""#, "registry, kind, nodes, local"]),
+        ("[target]\nnamespace = \"x\"\n", 2, &["[target] has no kind", "kind = \"registry\""]),
+        ("[target]\nkind = \"registry\"\n", 2, &[r#"target kind "registry" needs registry = "host:port[/prefix]""#]),
+        ("[target]\nkind = \"nodes\"\n", 2, &[r#"target kind "nodes" needs cluster = "<cluster name>""#]),
         (
             "[target]\nkind = \"registry\"\nregistry = \"reg.io\"\ncluster = \"x\"\n",
             5,
@@ -448,11 +322,7 @@ fn target_errors() {
         (
             "[target]\nkind = \"registry\"\nregistry = \"myreg/team\"\n",
             4,
-            &[
-                r#"registry "myreg/team" is invalid"#,
-                "Docker Hub user",
-                "myreg:5000",
-            ],
+            &[r#"registry "myreg/team" is invalid"#, "Docker Hub user", "myreg:5000"],
         ),
         (
             "[target]\nkind = \"registry\"\nregistry = \"http://reg.io\"\n",
@@ -462,31 +332,16 @@ fn target_errors() {
         (
             "[target]\nkind = \"registry\"\nregistry = \"reg.io:x\"\n",
             4,
-            &[
-                r#"registry "reg.io:x" is invalid"#,
-                "the port must be digits",
-            ],
+            &[r#"registry "reg.io:x" is invalid"#, "the port must be digits"],
         ),
         (
             "[target]\nkind = \"registry\"\nregistry = \"reg.io/Team\"\n",
             4,
             &[r#"registry "reg.io/Team" is invalid: repository name must be lowercase"#],
         ),
-        (
-            "[target]\nkind = \"nodes\"\ncluster = \"Prod\"\n",
-            4,
-            &[r#"cluster "Prod" is invalid"#],
-        ),
-        (
-            "[target]\nkind = \"local\"\nnamespace = \"Shop\"\n",
-            4,
-            &[r#"namespace "Shop" is invalid"#],
-        ),
-        (
-            "[target]\nkind = \"local\"\nmirror_registry = \"mirror\"\n",
-            4,
-            &[r#"mirror_registry "mirror" is invalid"#],
-        ),
+        ("[target]\nkind = \"nodes\"\ncluster = \"Prod\"\n", 4, &[r#"cluster "Prod" is invalid"#]),
+        ("[target]\nkind = \"local\"\nnamespace = \"Shop\"\n", 4, &[r#"namespace "Shop" is invalid"#]),
+        ("[target]\nkind = \"local\"\nmirror_registry = \"mirror\"\n", 4, &[r#"mirror_registry "mirror" is invalid"#]),
     ];
     for (target, line, parts) in cases {
         let (err, msg, _) = fail(&format!("instance = \"a\"\n{target}{img}"), API);
@@ -497,8 +352,7 @@ fn target_errors() {
 
 #[test]
 fn bad_refs_wrap_the_ref_error() {
-    let text =
-        "instance = \"a\"\n[target]\nkind = \"local\"\n[brought.db]\nref = \"Postgres:16\"\n";
+    let text = "instance = \"a\"\n[target]\nkind = \"local\"\n[brought.db]\nref = \"Postgres:16\"\n";
     let (err, msg, _) = fail(text, &[]);
     assert_eq!(err.line, Some(5));
     assert_has(
@@ -515,10 +369,7 @@ fn bad_refs_wrap_the_ref_error() {
     assert_eq!(err.line, Some(5));
     assert_has(&msg, &["digest must be sha256:<64 lowercase hex>"]);
 
-    let (err, msg, _) = fail(
-        "instance = \"a\"\n[target]\nkind = \"local\"\n[brought.db]\n",
-        &[],
-    );
+    let (err, msg, _) = fail("instance = \"a\"\n[target]\nkind = \"local\"\n[brought.db]\n", &[]);
     assert_eq!(err.line, Some(4));
     assert_has(&msg, &[r#"brought image "db" needs ref = "<image>:<tag>""#]);
 }
@@ -526,29 +377,19 @@ fn bad_refs_wrap_the_ref_error() {
 #[test]
 fn bad_platforms() {
     let rest = "[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
-    let (err, msg, _) = fail(
-        &format!(
-            "instance = \"a\"\nplatforms = [\n  \"linux/amd64\",\n  \"linux/amd46\",\n]\n{rest}"
-        ),
-        API,
-    );
+    let (err, msg, _) =
+        fail(&format!("instance = \"a\"\nplatforms = [\n  \"linux/amd64\",\n  \"linux/amd46\",\n]\n{rest}"), API);
     assert_eq!(err.line, Some(4));
     assert_has(
         &msg,
-        &[
-            "platforms has an invalid entry",
-            r#"platform "linux/amd46": "amd46" is not a known architecture"#,
-        ],
+        &["platforms has an invalid entry", r#"platform "linux/amd46": "amd46" is not a known architecture"#],
     );
 
     let (err, msg, _) = fail(&format!("instance = \"a\"\nplatforms = []\n{rest}"), API);
     assert_eq!(err.line, Some(2));
     assert_has(&msg, &["platforms is empty", "linux/amd64"]);
 
-    let (err, msg, _) = fail(
-        &format!("instance = \"a\"\nplatforms = \"linux/amd64\"\n{rest}"),
-        API,
-    );
+    let (err, msg, _) = fail(&format!("instance = \"a\"\nplatforms = \"linux/amd64\"\n{rest}"), API);
     assert_eq!(err.line, Some(2));
     assert_has(&msg, &["invalid type", "expected a sequence"]);
 }
@@ -559,14 +400,7 @@ fn bad_instance_names() {
     for bad in ["Shop", "1shop", "shop-", "shop_x", "", &"a".repeat(64)] {
         let (err, msg, _) = fail(&format!("\ninstance = \"{bad}\"\n{rest}"), API);
         assert_eq!(err.line, Some(2), "{msg}");
-        assert_has(
-            &msg,
-            &[
-                &format!("instance {bad:?} is invalid"),
-                "start with a letter",
-                "at most 63",
-            ],
-        );
+        assert_has(&msg, &[&format!("instance {bad:?} is invalid"), "start with a letter", "at most 63"]);
     }
     assert!(load(&format!("instance = \"{}\"\n{rest}", "a".repeat(63)), API).is_ok());
 
@@ -579,82 +413,40 @@ fn bad_instance_names() {
 fn no_images() {
     let (err, msg, _) = fail("instance = \"a\"\n[target]\nkind = \"local\"\n", &[]);
     assert_eq!(err.line, None);
-    assert_has(
-        &msg,
-        &["no images — add a [built.<name>], [brought.<name>] or [pinned.<name>] table"],
-    );
+    assert_has(&msg, &["no images — add a [built.<name>], [brought.<name>] or [pinned.<name>] table"]);
 }
 
 #[test]
 fn built_image_details() {
     let head = "instance = \"a\"\n[target]\nkind = \"registry\"\nregistry = \"reg.io\"\n";
     let cases: &[(&str, usize, &[&str])] = &[
-        (
-            "[built.Api]\ncontext = \"api\"\n",
-            5,
-            &[r#"image name "Api" in [built.Api] is invalid"#],
-        ),
+        ("[built.Api]\ncontext = \"api\"\n", 5, &[r#"image name "Api" in [built.Api] is invalid"#]),
         (
             "[built.api]\ncontext = \"api\"\nrepository = \"ghcr.io/x/api\"\n",
             7,
-            &[
-                r#"repository "ghcr.io/x/api" must be a repository path without registry, tag or digest"#,
-            ],
+            &[r#"repository "ghcr.io/x/api" must be a repository path without registry, tag or digest"#],
         ),
-        (
-            "[built.api]\ncontext = \"api\"\nrepository = \"api:1\"\n",
-            7,
-            &["without registry, tag or digest"],
-        ),
+        ("[built.api]\ncontext = \"api\"\nrepository = \"api:1\"\n", 7, &["without registry, tag or digest"]),
         (
             "[built.api]\ncontext = \"api\"\nrepository = \"Api\"\n",
             7,
-            &[
-                r#"repository "Api" is invalid"#,
-                "repository name must be lowercase",
-            ],
+            &[r#"repository "Api" is invalid"#, "repository name must be lowercase"],
         ),
         (
             "[built.api]\ncontext = \"api\"\nrepository = \"a..b\"\n",
             7,
-            &[
-                r#"repository "a..b" is invalid"#,
-                r#"name component "a..b""#,
-            ],
+            &[r#"repository "a..b" is invalid"#, r#"name component "a..b""#],
         ),
         (
-            &format!(
-                "[built.api]\ncontext = \"api\"\nrepository = \"{}\"\n",
-                "a".repeat(250)
-            ),
+            &format!("[built.api]\ncontext = \"api\"\nrepository = \"{}\"\n", "a".repeat(250)),
             7,
             &["is invalid", "repository name is 257 characters"],
         ),
-        (
-            "[built.api]\ncontext = \"api\"\nargs = { \"A=B\" = \"1\" }\n",
-            7,
-            &[r#"build arg "A=B" is invalid"#],
-        ),
-        (
-            "[built.api]\ncontext = \"api\"\nargs = { A = 1 }\n",
-            7,
-            &["invalid type: integer `1`, expected a string"],
-        ),
-        (
-            "[built.api]\ncontext = \"api\"\ntarget = \"run time\"\n",
-            7,
-            &[r#"target stage "run time" is invalid"#],
-        ),
-        (
-            "[built.api]\ncontext = \"api\"\nshared = \"yes\"\n",
-            7,
-            &["invalid type", "expected a boolean"],
-        ),
-        (
-            "[built.api]\ncontext = \"api\"\ncontext = \"api\"\n",
-            7,
-            &[r#"key "context" appears twice"#],
-        ),
+        ("[built.api]\ncontext = \"api\"\nargs = { \"A=B\" = \"1\" }\n", 7, &[r#"build arg "A=B" is invalid"#]),
+        ("[built.api]\ncontext = \"api\"\nargs = { A = 1 }\n", 7, &["invalid type: integer `1`, expected a string"]),
+        ("[built.api]\ncontext = \"api\"\ntarget = \"run time\"\n", 7, &[r#"target stage "run time" is invalid"#]),
+        ("[built.api]\ncontext = \"api\"\nshared = \"yes\"\n", 7, &["invalid type", "expected a boolean"]),
+        ("[built.api]\ncontext = \"api\"\ncontext = \"api\"\n", 7, &[r#"key "context" appears twice"#]),
         ("[built.api\ncontext = \"api\"\n", 5, &[]),
     ];
     for (body, line, parts) in cases {
@@ -669,13 +461,7 @@ fn a_folder_without_a_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let err = Manifest::load(dir.path()).unwrap_err();
     assert_eq!(err.line, None);
-    assert_has(
-        &err.to_string(),
-        &[
-            &dir.path().join("kiln.toml").display().to_string(),
-            "not found — create it",
-        ],
-    );
+    assert_has(&err.to_string(), &[&dir.path().join("kiln.toml").display().to_string(), "not found — create it"]);
 }
 
 #[test]
@@ -684,16 +470,11 @@ fn parse_takes_paths_from_the_manifest_folder() {
     let text = "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
     let m = Manifest::parse(text, &dir.path().join("kiln.toml")).unwrap();
     let (_, api) = m.built().next().unwrap();
-    assert_eq!(
-        api.context,
-        std::fs::canonicalize(dir.path().join("api")).unwrap()
-    );
+    assert_eq!(api.context, std::fs::canonicalize(dir.path().join("api")).unwrap());
 }
 
 fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name)
 }
 
 #[test]
@@ -702,37 +483,15 @@ fn the_examples_load() {
         let m = Manifest::load(&example(name)).unwrap_or_else(|e| panic!("examples/{name}: {e}"));
         assert_eq!(m.instance, instance);
         let names: Vec<&str> = m.images.iter().map(|i| i.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["web", "worker", "shell", "pause"],
-            "examples/{name}"
-        );
+        assert_eq!(names, ["web", "worker", "shell", "pause"], "examples/{name}");
         let built: Vec<_> = m.built().collect();
-        assert_eq!(
-            built[0].1.dockerfile,
-            DockerfileLoc::Inside {
-                rel: "Dockerfile".to_string()
-            }
-        );
-        assert!(
-            matches!(&built[1].1.dockerfile, DockerfileLoc::Outside { rel, .. } if rel == "../worker.Dockerfile")
-        );
-        assert_eq!(
-            built[1].1.args.get("GREETING").map(String::as_str),
-            Some("hello from kiln")
-        );
-        let ImageSpec::Pinned(pause) = &m.image("pause").unwrap().spec else {
-            panic!("pause is pinned")
-        };
+        assert_eq!(built[0].1.dockerfile, DockerfileLoc::Inside { rel: "Dockerfile".to_string() });
+        assert!(matches!(&built[1].1.dockerfile, DockerfileLoc::Outside { rel, .. } if rel == "../worker.Dockerfile"));
+        assert_eq!(built[1].1.args.get("GREETING").map(String::as_str), Some("hello from kiln"));
+        let ImageSpec::Pinned(pause) = &m.image("pause").unwrap().spec else { panic!("pause is pinned") };
         assert_eq!(pause.digest(), Some(DIGEST));
     }
-    assert_eq!(
-        Manifest::load(&example("hello")).unwrap().target,
-        Target::Local
-    );
+    assert_eq!(Manifest::load(&example("hello")).unwrap().target, Target::Local);
     let registry = Manifest::load(&example("registry")).unwrap();
-    assert_eq!(
-        registry.target.qualify("hello-registry-web"),
-        "127.0.0.1:5000/hello-registry-web"
-    );
+    assert_eq!(registry.target.qualify("hello-registry-web"), "127.0.0.1:5000/hello-registry-web");
 }

@@ -4,8 +4,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use kiln_core::digest::TreeDigest;
 use kiln_core::refs::{
-    content_ref, image_address, AddressInputs, ContentTagError, ImageAddress, ImageRef,
-    PlatformSet, RefProblem,
+    content_ref, image_address, AddressInputs, ContentTagError, ImageAddress, ImageRef, PlatformSet, RefProblem,
 };
 
 const D: &str = "sha256:7031c1b283388d2c2e09b57badb803c05ebed362dc88d84b480cc47f72a21097";
@@ -27,66 +26,22 @@ fn normalizes_like_docker() {
     let cases = [
         ("x", "docker.io/library/x:latest", "x:latest"),
         ("x:1", "docker.io/library/x:1", "x:1"),
-        (
-            "docker.io/library/x",
-            "docker.io/library/x:latest",
-            "x:latest",
-        ),
-        (
-            "index.docker.io/x",
-            "docker.io/library/x:latest",
-            "x:latest",
-        ),
-        (
-            "index.docker.io/library/x:2",
-            "docker.io/library/x:2",
-            "x:2",
-        ),
+        ("docker.io/library/x", "docker.io/library/x:latest", "x:latest"),
+        ("index.docker.io/x", "docker.io/library/x:latest", "x:latest"),
+        ("index.docker.io/library/x:2", "docker.io/library/x:2", "x:2"),
         ("x/y", "docker.io/x/y:latest", "x/y:latest"),
         ("docker.io/x/y:t", "docker.io/x/y:t", "x/y:t"),
-        (
-            "library/a/b",
-            "docker.io/library/a/b:latest",
-            "library/a/b:latest",
-        ),
+        ("library/a/b", "docker.io/library/a/b:latest", "library/a/b:latest"),
         ("localhost/x", "localhost/x:latest", "localhost/x:latest"),
-        (
-            "localhost:5000/a/b:t",
-            "localhost:5000/a/b:t",
-            "localhost:5000/a/b:t",
-        ),
-        (
-            "127.0.0.1:5000/a/b:t",
-            "127.0.0.1:5000/a/b:t",
-            "127.0.0.1:5000/a/b:t",
-        ),
-        (
-            &format!("reg:5000/a/b:t@{D}"),
-            &format!("reg:5000/a/b:t@{D}"),
-            &format!("reg:5000/a/b:t@{D}"),
-        ),
-        (
-            &format!("x@{D}"),
-            &format!("docker.io/library/x@{D}"),
-            &format!("x@{D}"),
-        ),
+        ("localhost:5000/a/b:t", "localhost:5000/a/b:t", "localhost:5000/a/b:t"),
+        ("127.0.0.1:5000/a/b:t", "127.0.0.1:5000/a/b:t", "127.0.0.1:5000/a/b:t"),
+        (&format!("reg:5000/a/b:t@{D}"), &format!("reg:5000/a/b:t@{D}"), &format!("reg:5000/a/b:t@{D}")),
+        (&format!("x@{D}"), &format!("docker.io/library/x@{D}"), &format!("x@{D}")),
         ("[::1]:5000/foo:1", "[::1]:5000/foo:1", "[::1]:5000/foo:1"),
-        (
-            "Registry.Example.com/a",
-            "Registry.Example.com/a:latest",
-            "Registry.Example.com/a:latest",
-        ),
-        (
-            "a_b/c__d/e-f.g:V1.0_rc-2",
-            "docker.io/a_b/c__d/e-f.g:V1.0_rc-2",
-            "a_b/c__d/e-f.g:V1.0_rc-2",
-        ),
+        ("Registry.Example.com/a", "Registry.Example.com/a:latest", "Registry.Example.com/a:latest"),
+        ("a_b/c__d/e-f.g:V1.0_rc-2", "docker.io/a_b/c__d/e-f.g:V1.0_rc-2", "a_b/c__d/e-f.g:V1.0_rc-2"),
         // A ':' with no '/' after it starts a tag, as in Docker: this is Hub's `127.0.0.1` at tag 5000.
-        (
-            "127.0.0.1:5000",
-            "docker.io/library/127.0.0.1:5000",
-            "127.0.0.1:5000",
-        ),
+        ("127.0.0.1:5000", "docker.io/library/127.0.0.1:5000", "127.0.0.1:5000"),
     ];
     for (input, normalized, familiar) in cases {
         let r = parse(input);
@@ -118,13 +73,7 @@ fn accessors_split_the_parts() {
 
 #[test]
 fn equality_and_hash_follow_the_normalized_form() {
-    let same = [
-        "x",
-        "x:latest",
-        "docker.io/library/x",
-        "index.docker.io/library/x:latest",
-        "library/x",
-    ];
+    let same = ["x", "x:latest", "docker.io/library/x", "index.docker.io/library/x:latest", "library/x"];
     let set: HashSet<ImageRef> = same.iter().map(|s| parse(s)).collect();
     assert_eq!(set.len(), 1, "{set:?}");
     assert_eq!(parse("docker.io/x/y"), parse("x/y"));
@@ -135,23 +84,14 @@ fn equality_and_hash_follow_the_normalized_form() {
     assert_ne!(parse("x/y"), parse("library/y"));
     assert_ne!(parse("localhost/x"), parse("x"));
     assert_ne!(parse(&format!("x@{D}")), parse("x"));
-    assert_eq!(
-        "x".parse::<ImageRef>().unwrap(),
-        parse("docker.io/library/x:latest")
-    );
+    assert_eq!("x".parse::<ImageRef>().unwrap(), parse("docker.io/library/x:latest"));
 }
 
 #[test]
 fn errors_name_the_input_and_the_part() {
     assert_eq!(err(""), r#"image ref "": empty"#);
-    assert_eq!(
-        err("Foo:1"),
-        r#"image ref "Foo:1": repository name must be lowercase"#
-    );
-    assert_eq!(
-        err("docker.io/Foo"),
-        r#"image ref "docker.io/Foo": repository name must be lowercase"#
-    );
+    assert_eq!(err("Foo:1"), r#"image ref "Foo:1": repository name must be lowercase"#);
+    assert_eq!(err("docker.io/Foo"), r#"image ref "docker.io/Foo": repository name must be lowercase"#);
     assert!(err("a..b").starts_with(r#"image ref "a..b": name component "a..b" is invalid"#));
     assert!(err("x/a___b:1").contains(r#"name component "a___b" is invalid"#));
     assert!(err("x/-a").contains(r#"name component "-a""#));
@@ -162,21 +102,13 @@ fn errors_name_the_input_and_the_part() {
     assert!(err("x:a+b").contains(r#"tag "a+b" is invalid"#));
     assert!(err(&format!("x:{}", "a".repeat(129))).contains("longer than 128"));
     assert!(ImageRef::parse(&format!("x:{}", "a".repeat(128))).is_ok());
-    assert!(err("x@sha256:abc")
-        .contains(r#"digest "sha256:abc" is invalid: digest must be sha256:<64 lowercase hex>"#));
-    assert!(err(&format!(
-        "x@{}",
-        D.to_uppercase().replace("SHA256", "sha256")
-    ))
-    .contains("digest must be sha256"));
+    assert!(err("x@sha256:abc").contains(r#"digest "sha256:abc" is invalid: digest must be sha256:<64 lowercase hex>"#));
+    assert!(err(&format!("x@{}", D.to_uppercase().replace("SHA256", "sha256"))).contains("digest must be sha256"));
     assert!(err("x@abc").contains("digest must be sha256"));
-    assert!(err(&format!("x@sha512:{}", "a".repeat(128)))
-        .contains(r#"digest algorithm "sha512" is not supported"#));
+    assert!(err(&format!("x@sha512:{}", "a".repeat(128))).contains(r#"digest algorithm "sha512" is not supported"#));
     assert!(err(":1").contains("repository name is empty"));
     assert!(err(&format!("@{D}")).contains("repository name is empty"));
-    assert!(
-        err("reg.io:50a/x").contains(r#"domain "reg.io:50a" is invalid: the port must be digits"#)
-    );
+    assert!(err("reg.io:50a/x").contains(r#"domain "reg.io:50a" is invalid: the port must be digits"#));
     assert!(err("-reg.io/x").contains(r#"domain "-reg.io" is invalid"#));
     assert!(err(&"a".repeat(64)).contains("image id"));
     assert!(err("x y").contains(r#"name component "x y""#));
@@ -200,11 +132,7 @@ fn problem_is_matchable() {
 fn with_tag_replaces_tag_and_digest() {
     let r = parse(&format!("reg.io/a:1@{D}")).with_tag("2").unwrap();
     assert_eq!(r.normalized(), "reg.io/a:2");
-    assert!(parse("a")
-        .with_tag("-x")
-        .unwrap_err()
-        .to_string()
-        .contains(r#"tag "-x" is invalid"#));
+    assert!(parse("a").with_tag("-x").unwrap_err().to_string().contains(r#"tag "-x" is invalid"#));
 }
 
 fn tree() -> TreeDigest {
@@ -230,10 +158,7 @@ impl Owned {
             tree: tree(),
             outside: Some(b"FROM scratch\n".to_vec()),
             path: "Dockerfile".to_string(),
-            args: [("A", "1"), ("B", "two")]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            args: [("A", "1"), ("B", "two")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             target: Some("runtime".to_string()),
             platforms: PlatformSet::parse(["linux/arm64", "linux/amd64"]).unwrap(),
         }
@@ -255,10 +180,7 @@ impl Owned {
 /// so a change to the encoding cannot pass unnoticed: it must bump the version and this value.
 #[test]
 fn address_encoding_is_pinned() {
-    assert_eq!(
-        Owned::base().address().to_string(),
-        "4d62984aa8ac23028354d68a5053d9c70a6bec917f0cd11435e10d288432017a"
-    );
+    assert_eq!(Owned::base().address().to_string(), "4d62984aa8ac23028354d68a5053d9c70a6bec917f0cd11435e10d288432017a");
     assert_eq!(Owned::base().address().short12(), "4d62984aa8ac");
 }
 
@@ -268,14 +190,10 @@ fn every_input_changes_the_address() {
     type Change = fn(&mut Owned);
     let changes: &[(&str, Change)] = &[
         ("tree", |o| o.tree.0[31] ^= 1),
-        ("outside contents", |o| {
-            o.outside = Some(b"FROM scratch \n".to_vec())
-        }),
+        ("outside contents", |o| o.outside = Some(b"FROM scratch \n".to_vec())),
         ("outside vs inside", |o| o.outside = None),
         ("empty outside vs inside", |o| o.outside = Some(Vec::new())),
-        ("dockerfile path", |o| {
-            o.path = "docker/api.Dockerfile".to_string()
-        }),
+        ("dockerfile path", |o| o.path = "docker/api.Dockerfile".to_string()),
         ("arg value", |o| {
             o.args.insert("A".to_string(), "2".to_string());
         }),
@@ -293,12 +211,8 @@ fn every_input_changes_the_address() {
         ("target stage", |o| o.target = Some("build".to_string())),
         ("no target", |o| o.target = None),
         ("empty target vs none", |o| o.target = Some(String::new())),
-        ("platforms", |o| {
-            o.platforms = PlatformSet::parse(["linux/amd64"]).unwrap()
-        }),
-        ("platform variant", |o| {
-            o.platforms = PlatformSet::parse(["linux/amd64", "linux/arm64/v9"]).unwrap()
-        }),
+        ("platforms", |o| o.platforms = PlatformSet::parse(["linux/amd64"]).unwrap()),
+        ("platform variant", |o| o.platforms = PlatformSet::parse(["linux/amd64", "linux/arm64/v9"]).unwrap()),
     ];
     let mut seen = HashSet::from([base]);
     for (what, change) in changes {
@@ -313,10 +227,7 @@ fn every_input_changes_the_address() {
 #[test]
 fn same_inputs_same_address_whatever_the_arg_insertion_order() {
     let mut reversed = Owned::base();
-    reversed.args = [("B", "two"), ("A", "1")]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    reversed.args = [("B", "two"), ("A", "1")].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     reversed.platforms = PlatformSet::parse(["amd64", "aarch64"]).unwrap();
     assert_eq!(reversed.address(), Owned::base().address());
 }
@@ -327,22 +238,11 @@ fn content_ref_is_repo_address12_platforms() {
     let address = o.address();
     let r = content_ref("shop-api", &address, &o.platforms).unwrap();
     assert_eq!(r.familiar(), "shop-api:4d62984aa8ac-amd64.arm64");
-    assert_eq!(
-        r.normalized(),
-        "docker.io/library/shop-api:4d62984aa8ac-amd64.arm64"
-    );
+    assert_eq!(r.normalized(), "docker.io/library/shop-api:4d62984aa8ac-amd64.arm64");
     assert_eq!(r.digest(), None);
 
-    let r = content_ref(
-        "127.0.0.1:5000/team/shop-api",
-        &address,
-        &PlatformSet::parse(["arm"]).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        r.normalized(),
-        "127.0.0.1:5000/team/shop-api:4d62984aa8ac-armv7"
-    );
+    let r = content_ref("127.0.0.1:5000/team/shop-api", &address, &PlatformSet::parse(["arm"]).unwrap()).unwrap();
+    assert_eq!(r.normalized(), "127.0.0.1:5000/team/shop-api:4d62984aa8ac-armv7");
 }
 
 #[test]
@@ -351,24 +251,16 @@ fn content_ref_refuses_tagged_or_invalid_repos() {
     let address = o.address();
     assert_eq!(
         content_ref("shop-api:1", &address, &o.platforms),
-        Err(ContentTagError::RepositoryHasTag {
-            repo: "shop-api:1".to_string()
-        })
+        Err(ContentTagError::RepositoryHasTag { repo: "shop-api:1".to_string() })
     );
     assert!(matches!(
         content_ref(&format!("a@{D}"), &address, &o.platforms),
         Err(ContentTagError::RepositoryHasTag { .. })
     ));
     let e = content_ref("Shop", &address, &o.platforms).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        r#"repository "Shop" cannot carry a content tag"#
-    );
+    assert_eq!(e.to_string(), r#"repository "Shop" cannot carry a content tag"#);
     let source = std::error::Error::source(&e).unwrap().to_string();
-    assert_eq!(
-        source,
-        r#"image ref "Shop": repository name must be lowercase"#
-    );
+    assert_eq!(source, r#"image ref "Shop": repository name must be lowercase"#);
 }
 
 #[test]
@@ -393,10 +285,7 @@ fn content_tag_longer_than_128_names_the_platforms() {
     let platforms = PlatformSet::parse(many).unwrap();
     let e = content_ref("x", &Owned::base().address(), &platforms).unwrap_err();
     let msg = e.to_string();
-    assert!(
-        matches!(e, ContentTagError::TooLong { len: 135, .. }),
-        "{msg}"
-    );
+    assert!(matches!(e, ContentTagError::TooLong { len: 135, .. }), "{msg}");
     assert!(msg.contains(&platforms.to_string()), "{msg}");
     assert!(msg.contains("over Docker's 128"), "{msg}");
 }

@@ -7,9 +7,7 @@ use std::future::Future;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kiln_core::retry::{
-    retry, retry_measured, Attempt, Clock, GaveUp, Ladder, LadderConfig, StopReason,
-};
+use kiln_core::retry::{retry, retry_measured, Attempt, Clock, GaveUp, Ladder, LadderConfig, StopReason};
 
 /// tokio's clock, recording every sleep the retry loop asks for.
 #[derive(Default)]
@@ -70,13 +68,8 @@ async fn sleeps_climb_the_rungs_within_equal_jitter_until_success() {
     assert_eq!(retried.attempts, 9);
     assert_eq!(retried.elapsed, sleeps.iter().sum::<Duration>());
     assert_eq!(retried.last.as_deref(), Some(refused(8).as_str()));
-    let line = retried
-        .routability_line("agent.list", "10.0.0.7:7070")
-        .unwrap();
-    assert!(
-        line.starts_with("kiln.routability seat=agent.list attempts=9 ms="),
-        "{line}"
-    );
+    let line = retried.routability_line("agent.list", "10.0.0.7:7070").unwrap();
+    assert!(line.starts_with("kiln.routability seat=agent.list attempts=9 ms="), "{line}");
     assert!(line.ends_with(" url=10.0.0.7:7070"), "{line}");
 }
 
@@ -101,11 +94,7 @@ async fn the_window_ends_retrying_and_reports_what_it_cost() {
     assert_eq!(gave_up.elapsed, sleeps.iter().sum::<Duration>());
     assert!(gave_up.elapsed <= window);
     // It stopped only because a next sleep (at most one 5 s rung) no longer fit.
-    assert!(
-        gave_up.elapsed > window - Duration::from_secs(5),
-        "{:?}",
-        gave_up.elapsed
-    );
+    assert!(gave_up.elapsed > window - Duration::from_secs(5), "{:?}", gave_up.elapsed);
     assert_eq!(gave_up.last, refused(gave_up.attempts));
     assert_eq!(
         gave_up.to_string(),
@@ -140,10 +129,7 @@ async fn time_spent_inside_attempts_counts_against_the_window() {
 
     let sleeps = clock.sleeps();
     let attempt_time = Duration::from_secs(10) * gave_up.attempts;
-    assert_eq!(
-        gave_up.elapsed,
-        attempt_time + sleeps.iter().sum::<Duration>()
-    );
+    assert_eq!(gave_up.elapsed, attempt_time + sleeps.iter().sum::<Duration>());
     // Nine attempts would be 90 s of timeouts alone, so the window must stop it sooner.
     assert!(gave_up.attempts < 9, "{} attempts", gave_up.attempts);
     assert_eq!(gave_up.reason, StopReason::WindowExhausted);
@@ -179,11 +165,7 @@ async fn a_fatal_failure_is_never_sent_again() {
 async fn sleeps_with_seed(seed: u64) -> Vec<Duration> {
     let clock = PausedClock::default();
     let mut ladder = Ladder::new(LadderConfig::with_window(Duration::from_secs(60)), seed);
-    retry(&mut ladder, &clock, || async {
-        Err::<(), _>(Attempt::Retry("down"))
-    })
-    .await
-    .unwrap_err();
+    retry(&mut ladder, &clock, || async { Err::<(), _>(Attempt::Retry("down")) }).await.unwrap_err();
     clock.sleeps()
 }
 

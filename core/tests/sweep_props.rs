@@ -16,22 +16,13 @@
 use std::collections::{BTreeMap, HashSet};
 
 use kiln_core::sweep::{
-    plan, InstanceRecord, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, Roots, StoreId,
-    StoreKind, StoreListing, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND,
+    plan, InstanceRecord, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, Roots, StoreId, StoreKind,
+    StoreListing, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND,
 };
 use proptest::prelude::*;
 
 const FARM: &str = "farm-a";
-const REPOS: [&str; 8] = [
-    "api",
-    "web",
-    "worker",
-    "base",
-    "team/cron",
-    "team/db",
-    "tools/lint",
-    "jobs",
-];
+const REPOS: [&str; 8] = ["api", "web", "worker", "base", "team/cron", "team/db", "tools/lint", "jobs"];
 const TAGS: [&str; 3] = ["latest", "t1", "t2"];
 const REF_SLOTS: usize = REPOS.len() * TAGS.len();
 const IDS: usize = 10;
@@ -56,11 +47,7 @@ enum Spelling {
 }
 
 fn spelled(repo: &str, spelling: Spelling) -> String {
-    let hub_path = if repo.contains('/') {
-        repo.to_owned()
-    } else {
-        format!("library/{repo}")
-    };
+    let hub_path = if repo.contains('/') { repo.to_owned() } else { format!("library/{repo}") };
     match spelling {
         Spelling::Short => repo.to_owned(),
         Spelling::Hub => format!("docker.io/{hub_path}"),
@@ -69,11 +56,7 @@ fn spelled(repo: &str, spelling: Spelling) -> String {
 }
 
 fn spelling() -> impl Strategy<Value = Spelling> {
-    prop_oneof![
-        Just(Spelling::Short),
-        Just(Spelling::Hub),
-        Just(Spelling::Index)
-    ]
+    prop_oneof![Just(Spelling::Short), Just(Spelling::Hub), Just(Spelling::Index)]
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,24 +123,16 @@ fn image_spec() -> impl Strategy<Value = ImageSpec> {
         1 => Just(Label::OtherFarm),
         1 => Just(Label::ClearedKind),
     ];
-    (
-        label,
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        prop::bool::weighted(0.2),
-        1u64..1000,
+    (label, any::<bool>(), any::<bool>(), any::<bool>(), prop::bool::weighted(0.2), 1u64..1000).prop_map(
+        |(label, shared, import_alias, id_alias, digest_ref, bytes)| ImageSpec {
+            label,
+            shared,
+            import_alias,
+            id_alias,
+            digest_ref,
+            bytes,
+        },
     )
-        .prop_map(
-            |(label, shared, import_alias, id_alias, digest_ref, bytes)| ImageSpec {
-                label,
-                shared,
-                import_alias,
-                id_alias,
-                digest_ref,
-                bytes,
-            },
-        )
 }
 
 fn store_spec() -> impl Strategy<Value = StoreSpec> {
@@ -170,17 +145,15 @@ fn store_spec() -> impl Strategy<Value = StoreSpec> {
         prop::collection::vec(prop::option::weighted(0.5, 0..MAX_IMAGES), REF_SLOTS),
         prop::collection::vec(spelling(), REF_SLOTS),
     )
-        .prop_map(
-            |(kind, mode, runs_workloads, ids, images, slots, spellings)| StoreSpec {
-                kind,
-                mode,
-                runs_workloads,
-                ids,
-                images,
-                slots,
-                spellings,
-            },
-        )
+        .prop_map(|(kind, mode, runs_workloads, ids, images, slots, spellings)| StoreSpec {
+            kind,
+            mode,
+            runs_workloads,
+            ids,
+            images,
+            slots,
+            spellings,
+        })
 }
 
 fn root() -> impl Strategy<Value = (Place, RootForm)> {
@@ -215,18 +188,12 @@ struct Universe {
 }
 
 fn universe() -> impl Strategy<Value = Universe> {
-    (
-        prop::collection::vec(store_spec(), 1..=STORES),
-        prop::collection::vec(root(), 0..16),
-    )
-        .prop_map(|(stores, roots)| Universe {
-            listings: stores
-                .iter()
-                .enumerate()
-                .map(|(n, spec)| listing(n, spec))
-                .collect(),
+    (prop::collection::vec(store_spec(), 1..=STORES), prop::collection::vec(root(), 0..16)).prop_map(
+        |(stores, roots)| Universe {
+            listings: stores.iter().enumerate().map(|(n, spec)| listing(n, spec)).collect(),
             roots: build_roots(&roots),
-        })
+        },
+    )
 }
 
 fn store_id(n: usize) -> StoreId {
@@ -248,11 +215,7 @@ fn listing(n: usize, spec: &StoreSpec) -> StoreListing {
                 })
                 .collect();
             if image.digest_ref {
-                refs.push(format!(
-                    "{}@{}",
-                    spelled(REPOS[i % REPOS.len()], Spelling::Hub),
-                    digest(i)
-                ));
+                refs.push(format!("{}@{}", spelled(REPOS[i % REPOS.len()], Spelling::Hub), digest(i)));
             }
             if spec.kind == StoreKind::Node {
                 if image.import_alias {
@@ -270,16 +233,8 @@ fn listing(n: usize, spec: &StoreSpec) -> StoreListing {
                     labels.insert(LABEL_KIND.to_owned(), kind.to_owned());
                 }
                 Label::ThisFarm | Label::OtherFarm | Label::ClearedKind => {
-                    let farm = if image.label == Label::OtherFarm {
-                        "farm-b"
-                    } else {
-                        FARM
-                    };
-                    let kind = if image.label == Label::ClearedKind {
-                        ""
-                    } else {
-                        kind
-                    };
+                    let farm = if image.label == Label::OtherFarm { "farm-b" } else { FARM };
+                    let kind = if image.label == Label::ClearedKind { "" } else { kind };
                     labels.insert(LABEL_KIND.to_owned(), kind.to_owned());
                     labels.insert(LABEL_FARM.to_owned(), farm.to_owned());
                 }
@@ -287,13 +242,7 @@ fn listing(n: usize, spec: &StoreSpec) -> StoreListing {
             if !image.shared && image.label != Label::None {
                 labels.insert(LABEL_INSTANCE.to_owned(), format!("inst{}", i % 3));
             }
-            ListedImage {
-                id: id(i),
-                refs,
-                digests: vec![digest(i)],
-                labels,
-                bytes: image.bytes,
-            }
+            ListedImage { id: id(i), refs, digests: vec![digest(i)], labels, bytes: image.bytes }
         })
         .collect();
     StoreListing {
@@ -308,10 +257,7 @@ fn listing(n: usize, spec: &StoreSpec) -> StoreListing {
 fn build_roots(roots: &[(Place, RootForm)]) -> Roots {
     let mut built = Roots {
         records: (0..RECORDS)
-            .map(|n| InstanceRecord {
-                instance: format!("inst{n}"),
-                ..InstanceRecord::default()
-            })
+            .map(|n| InstanceRecord { instance: format!("inst{n}"), ..InstanceRecord::default() })
             .collect(),
         ..Roots::default()
     };
@@ -349,10 +295,7 @@ struct Parsed {
 
 fn parse(raw: &str) -> Parsed {
     if raw.starts_with("sha256:") && raw.len() == 71 {
-        return Parsed {
-            name: None,
-            digest: Some(raw.to_owned()),
-        };
+        return Parsed { name: None, digest: Some(raw.to_owned()) };
     }
     let (mut path, digest) = match raw.split_once('@') {
         Some((path, digest)) => (path, Some(digest.to_owned())),
@@ -377,10 +320,7 @@ fn parse(raw: &str) -> Parsed {
     if let Some(digest) = &digest {
         name = format!("{name}@{digest}");
     }
-    Parsed {
-        name: Some(name),
-        digest,
-    }
+    Parsed { name: Some(name), digest }
 }
 
 #[derive(Default)]
@@ -425,17 +365,12 @@ fn gets_grace(listing: &StoreListing) -> bool {
 }
 
 fn is_candidate(image: &ListedImage) -> bool {
-    image
-        .labels
-        .get(LABEL_KIND)
-        .is_some_and(|kind| !kind.is_empty())
+    image.labels.get(LABEL_KIND).is_some_and(|kind| !kind.is_empty())
         && image.labels.get(LABEL_FARM).map(String::as_str) == Some(FARM)
 }
 
 fn policy() -> Policy {
-    Policy {
-        farm: FARM.to_owned(),
-    }
+    Policy { farm: FARM.to_owned() }
 }
 
 fn removed_refs<'a>(plan: &'a Plan, store: &StoreId, image: &'a ListedImage) -> HashSet<&'a str> {
@@ -454,17 +389,11 @@ fn removed_refs<'a>(plan: &'a Plan, store: &StoreId, image: &'a ListedImage) -> 
 
 fn is_removed_whole(plan: &Plan, store: &StoreId, image: &ListedImage) -> bool {
     let store_plan = plan.stores.iter().find(|s| &s.store == store).unwrap();
-    store_plan
-        .removals
-        .iter()
-        .any(|r| r.id == image.id && (r.frees || r.target == RemovalTarget::Id(image.id.clone())))
+    store_plan.removals.iter().any(|r| r.id == image.id && (r.frees || r.target == RemovalTarget::Id(image.id.clone())))
 }
 
 fn cases() -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|cases| cases.parse().ok())
-        .unwrap_or(2_000)
+    std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(2_000)
 }
 
 proptest! {

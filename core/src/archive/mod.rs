@@ -13,8 +13,8 @@
 //! are written and the digest compared with the claimed one: a tag can never address bytes it does
 //! not name.
 
-mod ustar;
 mod unpack;
+mod ustar;
 
 pub use unpack::{unpack, Unpacked};
 

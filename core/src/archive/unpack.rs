@@ -38,7 +38,10 @@ pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) ->
     for item in archive.entries().map_err(ArchiveError::Corrupt)? {
         let mut entry = item.map_err(ArchiveError::Corrupt)?;
         let raw = entry.path_bytes().into_owned();
-        let refuse = |why: &str| ArchiveError::Refused { path: String::from_utf8_lossy(&raw).into_owned(), why: why.to_string() };
+        let refuse = |why: &str| ArchiveError::Refused {
+            path: String::from_utf8_lossy(&raw).into_owned(),
+            why: why.to_string(),
+        };
         let kind = match entry.header().entry_type() {
             tar::EntryType::Directory => EntryKind::Dir,
             tar::EntryType::Regular | tar::EntryType::Continuous => {
@@ -55,7 +58,7 @@ pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) ->
             tar::EntryType::Fifo => return Err(refuse("fifos are not allowed")),
             other => return Err(refuse(&format!("entry type {other:?} is not allowed"))),
         };
-        let path = clean_path(&raw, kind).map_err(|why| refuse(why))?;
+        let path = clean_path(&raw, kind).map_err(&refuse)?;
         hasher.check_order(&path).map_err(|e| refuse(&e.to_string()))?;
         ensure_parents(target, &path, &mut created).map_err(|r| match r {
             ParentError::Refused(why) => refuse(why),
@@ -69,7 +72,7 @@ pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) ->
             }
             EntryKind::Symlink => {
                 let link = entry.link_name_bytes().map(|l| l.into_owned()).unwrap_or_default();
-                check_link(&path, &link).map_err(|why| refuse(why))?;
+                check_link(&path, &link).map_err(&refuse)?;
                 std::os::unix::fs::symlink(OsStr::from_bytes(&link), &dest).map_err(|e| create_err(target, &raw, e))?;
                 hasher.symlink(&path, &link);
             }
@@ -196,7 +199,9 @@ pub(crate) fn check_link(path: &[u8], link: &[u8]) -> Result<(), &'static str> {
     for part in link.split(|&b| b == b'/') {
         match part {
             b"" | b"." => {}
-            b".." if descending => return Err("symlink target climbs (`..`) after naming a directory — write it as ../x/y"),
+            b".." if descending => {
+                return Err("symlink target climbs (`..`) after naming a directory — write it as ../x/y")
+            }
             b".." => depth = depth.checked_sub(1).ok_or("symlink points outside the root")?,
             _ => descending = true,
         }

@@ -11,7 +11,13 @@ const USTAR_MAX_SIZE: u64 = 0o77777777777;
 const PAX_NAME: &[u8] = b"././@PaxHeader";
 
 /// Writes one entry's header (preceded by a pax record when a name or size does not fit ustar).
-pub(super) fn write_header(out: &mut impl Write, path: &[u8], kind: EntryKind, size: u64, link: &[u8]) -> io::Result<()> {
+pub(super) fn write_header(
+    out: &mut impl Write,
+    path: &[u8],
+    kind: EntryKind,
+    size: u64,
+    link: &[u8],
+) -> io::Result<()> {
     let mut name = path.to_vec();
     if kind == EntryKind::Dir {
         name.push(b'/');

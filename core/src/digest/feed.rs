@@ -97,27 +97,19 @@ fn read_window(tree: &Tree, window: Range<usize>) -> Result<Vec<Vec<u8>>, Digest
         entries
             .par_iter()
             .map(|e| match e.kind {
-                EntryKind::File | EntryKind::ExecFile => {
-                    read_small(&on_disk(&tree.root, &e.path), e.size)
-                }
+                EntryKind::File | EntryKind::ExecFile => read_small(&on_disk(&tree.root, &e.path), e.size),
                 EntryKind::Dir | EntryKind::Symlink => Ok(Vec::new()),
             })
             .collect()
     });
-    read.into_iter()
-        .zip(entries)
-        .map(|(r, e)| r.map_err(|err| unreadable(&tree.root, &e.path, err)))
-        .collect()
+    read.into_iter().zip(entries).map(|(r, e)| r.map_err(|err| unreadable(&tree.root, &e.path, err))).collect()
 }
 
 /// Reads a file that the walk saw as `size` bytes, refusing it if it is no longer that size: the
 /// header already promised `size` bytes of content to the stream.
 fn read_small(path: &Path, size: u64) -> io::Result<Vec<u8>> {
     // O_NOFOLLOW: a file swapped for a symlink since the walk must not pull in what it points at.
-    let mut file: File = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
+    let mut file: File = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
     let mut buf = vec![0u8; size as usize];
     file.read_exact(&mut buf).map_err(|err| match err.kind() {
         io::ErrorKind::UnexpectedEof => changed_size(size),
@@ -131,9 +123,7 @@ fn read_small(path: &Path, size: u64) -> io::Result<Vec<u8>> {
 }
 
 fn changed_size(size: u64) -> io::Error {
-    io::Error::other(format!(
-        "file changed size while the context was digested (walked as {size} bytes)"
-    ))
+    io::Error::other(format!("file changed size while the context was digested (walked as {size} bytes)"))
 }
 
 fn feed_window(
@@ -168,10 +158,5 @@ fn feed_window(
 /// A `Tree` built by hand (its fields are public) could list entries out of order; hashing it
 /// would give a digest no walk of that tree produces, so it is refused instead.
 fn check_order(tree: &Tree, hasher: &StreamHasher, e: &Entry) -> Result<(), DigestError> {
-    hasher
-        .check_order(&e.path)
-        .map_err(|err| DigestError::Unordered {
-            root: tree.root.clone(),
-            err,
-        })
+    hasher.check_order(&e.path).map_err(|err| DigestError::Unordered { root: tree.root.clone(), err })
 }

@@ -21,11 +21,7 @@ fn io_pool() -> Option<&'static rayon::ThreadPool> {
             .unwrap_or(DEFAULT_IO_THREADS);
         // Without the pool (threads could not be spawned) the work runs on the caller's pool:
         // slower on a cold cache, never wrong.
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("kiln-digest-io-{i}"))
-            .build()
-            .ok()
+        rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("kiln-digest-io-{i}")).build().ok()
     })
     .as_ref()
 }

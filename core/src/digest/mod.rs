@@ -119,11 +119,7 @@ impl Default for StreamHasher {
 
 impl StreamHasher {
     pub fn new() -> Self {
-        StreamHasher {
-            hasher: blake3::Hasher::new(),
-            last_path: None,
-            owed: 0,
-        }
+        StreamHasher { hasher: blake3::Hasher::new(), last_path: None, owed: 0 }
     }
 
     /// Refuses an entry that is not strictly after the previous one: a reordered or repeated entry
@@ -158,11 +154,7 @@ impl StreamHasher {
 
     /// Starts a file entry of `len` bytes; its content follows through [`StreamHasher::content`].
     pub fn file(&mut self, path: &[u8], executable: bool, len: u64) {
-        let kind = if executable {
-            EntryKind::ExecFile
-        } else {
-            EntryKind::File
-        };
+        let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
         self.header(kind, path);
         self.hasher.update(&len.to_le_bytes());
         self.owed = len;
@@ -170,10 +162,7 @@ impl StreamHasher {
 
     /// Feeds file content. Large slices go through blake3's multi-threaded path.
     pub fn content(&mut self, bytes: &[u8]) {
-        assert!(
-            bytes.len() as u64 <= self.owed,
-            "file content longer than declared"
-        );
+        assert!(bytes.len() as u64 <= self.owed, "file content longer than declared");
         self.owed -= bytes.len() as u64;
         if bytes.len() >= 1 << 20 {
             self.hasher.update_rayon(bytes);
@@ -200,10 +189,7 @@ impl StreamHasher {
         self.hasher.update_mmap_rayon(on_disk)?;
         let read = self.hasher.count() - before;
         if read != len {
-            return Err(std::io::Error::other(format!(
-                "file changed size while hashed: {} then {read} bytes",
-                len
-            )));
+            return Err(std::io::Error::other(format!("file changed size while hashed: {} then {read} bytes", len)));
         }
         self.owed = 0;
         Ok(())
@@ -233,17 +219,9 @@ pub enum DigestError {
         err: std::io::Error,
     },
     #[error("context {root}: symlink {path} points outside the context ({target}) — make it relative and inside")]
-    SymlinkEscapes {
-        root: PathBuf,
-        path: String,
-        target: String,
-    },
+    SymlinkEscapes { root: PathBuf, path: String, target: String },
     #[error("context {root}: {path} is a {what}, which cannot be part of a build context — remove it or add it to .dockerignore")]
-    SpecialFile {
-        root: PathBuf,
-        path: String,
-        what: &'static str,
-    },
+    SpecialFile { root: PathBuf, path: String, what: &'static str },
     #[error("context {root}: .dockerignore is invalid")]
     Ignore {
         root: PathBuf,
@@ -252,9 +230,7 @@ pub enum DigestError {
     },
     #[error("context {root} is not a directory")]
     NotADirectory { root: PathBuf },
-    #[error(
-        "context {root}: entries are not in canonical order — build the tree with `walk_tree`"
-    )]
+    #[error("context {root}: entries are not in canonical order — build the tree with `walk_tree`")]
     Unordered {
         root: PathBuf,
         #[source]

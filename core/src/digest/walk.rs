@@ -46,9 +46,7 @@ const PAR_STAT_MIN: usize = 64;
 pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     let meta = fs::metadata(root).map_err(|err| unreadable(root, b".", err))?;
     if !meta.is_dir() {
-        return Err(DigestError::NotADirectory {
-            root: root.to_path_buf(),
-        });
+        return Err(DigestError::NotADirectory { root: root.to_path_buf() });
     }
     let mut ignore = load_ignore(root)?;
     // The builder needs both files whatever the patterns say; the Docker CLI re-includes them
@@ -57,21 +55,11 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
     ignore.keep_always(&dockerfile);
 
-    let walker = Walker {
-        root,
-        ignore: &ignore,
-        sink: Mutex::new(Vec::new()),
-    };
+    let walker = Walker { root, ignore: &ignore, sink: Mutex::new(Vec::new()) };
     super::io::blocking(|| walker.dir(Vec::new()))?;
-    let mut entries = walker
-        .sink
-        .into_inner()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut entries = walker.sink.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
     entries.par_sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    Ok(Tree {
-        root: root.to_path_buf(),
-        entries,
-    })
+    Ok(Tree { root: root.to_path_buf(), entries })
 }
 
 /// Walks and digests the context at `root` in one call.
@@ -83,23 +71,15 @@ pub fn digest_dir(root: &Path, opts: &WalkOptions) -> Result<(Tree, TreeDigest),
 
 fn load_ignore(root: &Path) -> Result<DockerIgnore, DigestError> {
     match fs::read(root.join(".dockerignore")) {
-        Ok(bytes) => DockerIgnore::parse(&String::from_utf8_lossy(&bytes)).map_err(|err| {
-            DigestError::Ignore {
-                root: root.to_path_buf(),
-                err,
-            }
-        }),
+        Ok(bytes) => DockerIgnore::parse(&String::from_utf8_lossy(&bytes))
+            .map_err(|err| DigestError::Ignore { root: root.to_path_buf(), err }),
         Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(DockerIgnore::empty()),
         Err(err) => Err(unreadable(root, b".dockerignore", err)),
     }
 }
 
 pub(super) fn unreadable(root: &Path, path: &[u8], err: io::Error) -> DigestError {
-    DigestError::Unreadable {
-        root: root.to_path_buf(),
-        path: lossy(path),
-        err,
-    }
+    DigestError::Unreadable { root: root.to_path_buf(), path: lossy(path), err }
 }
 
 fn lossy(path: &[u8]) -> String {
@@ -159,10 +139,7 @@ impl Walker<'_> {
                 Found::Skipped => {}
             }
         }
-        self.sink
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .append(&mut entries);
+        self.sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).append(&mut entries);
         subdirs.into_par_iter().try_for_each(|sub| self.dir(sub))
     }
 
@@ -185,50 +162,27 @@ impl Walker<'_> {
 
         let excluded = self.ignore.is_excluded(&String::from_utf8_lossy(&path));
         // `file_type` comes from the directory listing itself, so skipped names cost no `lstat`.
-        let file_type = dirent
-            .file_type()
-            .map_err(|err| unreadable(self.root, &path, err))?;
+        let file_type = dirent.file_type().map_err(|err| unreadable(self.root, &path, err))?;
         if file_type.is_dir() {
             if !excluded {
                 return Ok(Found::Dir { path, listed: true });
             }
-            let walk_anyway = self
-                .ignore
-                .may_hold_exceptions_under(&String::from_utf8_lossy(&path));
-            return Ok(if walk_anyway {
-                Found::Dir {
-                    path,
-                    listed: false,
-                }
-            } else {
-                Found::Skipped
-            });
+            let walk_anyway = self.ignore.may_hold_exceptions_under(&String::from_utf8_lossy(&path));
+            return Ok(if walk_anyway { Found::Dir { path, listed: false } } else { Found::Skipped });
         }
         if excluded {
             return Ok(Found::Skipped);
         }
 
-        let meta = dirent
-            .metadata()
-            .map_err(|err| unreadable(self.root, &path, err))?;
+        let meta = dirent.metadata().map_err(|err| unreadable(self.root, &path, err))?;
         let ft = meta.file_type();
         if ft.is_file() {
             let executable = meta.permissions().mode() & 0o111 != 0;
-            let kind = if executable {
-                EntryKind::ExecFile
-            } else {
-                EntryKind::File
-            };
-            return Ok(Found::Entry(Entry {
-                path,
-                kind,
-                size: meta.len(),
-                link_target: Vec::new(),
-            }));
+            let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
+            return Ok(Found::Entry(Entry { path, kind, size: meta.len(), link_target: Vec::new() }));
         }
         if ft.is_symlink() {
-            let target =
-                fs::read_link(dirent.path()).map_err(|err| unreadable(self.root, &path, err))?;
+            let target = fs::read_link(dirent.path()).map_err(|err| unreadable(self.root, &path, err))?;
             let target = target.into_os_string().into_vec();
             if escapes(&path, &target) {
                 return Err(DigestError::SymlinkEscapes {
@@ -238,12 +192,7 @@ impl Walker<'_> {
                 });
             }
             let size = target.len() as u64;
-            return Ok(Found::Entry(Entry {
-                path,
-                kind: EntryKind::Symlink,
-                size,
-                link_target: target,
-            }));
+            return Ok(Found::Entry(Entry { path, kind: EntryKind::Symlink, size, link_target: target }));
         }
         if ft.is_dir() {
             // Replaced by a directory since the listing was read: walk it as one.
@@ -256,11 +205,7 @@ impl Walker<'_> {
         } else {
             "device"
         };
-        Err(DigestError::SpecialFile {
-            root: self.root.to_path_buf(),
-            path: lossy(&path),
-            what,
-        })
+        Err(DigestError::SpecialFile { root: self.root.to_path_buf(), path: lossy(&path), what })
     }
 }
 

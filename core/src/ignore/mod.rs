@@ -19,14 +19,12 @@ use pattern::{check_glob_syntax, compile, Matcher};
 /// is one Docker accepts too.
 #[derive(Debug, thiserror::Error)]
 pub enum IgnoreError {
-    #[error(".dockerignore line {line}: `{pattern}` is an exception with no pattern — write `!path` or remove the line")]
+    #[error(
+        ".dockerignore line {line}: `{pattern}` is an exception with no pattern — write `!path` or remove the line"
+    )]
     EmptyException { line: usize, pattern: String },
     #[error(".dockerignore line {line}: `{pattern}` is not a valid pattern ({why}) — fix or escape it with `\\`")]
-    BadPattern {
-        line: usize,
-        pattern: String,
-        why: &'static str,
-    },
+    BadPattern { line: usize, pattern: String, why: &'static str },
 }
 
 /// A parsed `.dockerignore`: its patterns in file order.
@@ -69,33 +67,18 @@ impl DockerIgnore {
                 Some(rest) => (true, rest.trim()),
                 None => (false, trimmed),
             };
-            let mut cleaned = if body.is_empty() {
-                String::new()
-            } else {
-                go_clean(body)
-            };
+            let mut cleaned = if body.is_empty() { String::new() } else { go_clean(body) };
             if cleaned.len() > 1 && cleaned.starts_with('/') {
                 cleaned.remove(0);
             }
             // Docker cleans the `!`-prefixed line a second time, which turns `!/` into a bare `!`.
             if exception && (cleaned.is_empty() || cleaned == "/") {
-                return Err(IgnoreError::EmptyException {
-                    line,
-                    pattern: trimmed.to_string(),
-                });
+                return Err(IgnoreError::EmptyException { line, pattern: trimmed.to_string() });
             }
-            let bad = |why| IgnoreError::BadPattern {
-                line,
-                pattern: trimmed.to_string(),
-                why,
-            };
+            let bad = |why| IgnoreError::BadPattern { line, pattern: trimmed.to_string(), why };
             check_glob_syntax(&cleaned).map_err(bad)?;
             let matcher = compile(&cleaned).map_err(bad)?;
-            patterns.push(Pattern {
-                text: cleaned,
-                exception,
-                matcher,
-            });
+            patterns.push(Pattern { text: cleaned, exception, matcher });
         }
         Ok(DockerIgnore { patterns })
     }
@@ -122,9 +105,7 @@ impl DockerIgnore {
                 continue;
             }
             let hit = p.matcher.matches(rel_path)
-                || rel_path
-                    .match_indices('/')
-                    .any(|(i, _)| p.matcher.matches(&rel_path[..i]));
+                || rel_path.match_indices('/').any(|(i, _)| p.matcher.matches(&rel_path[..i]));
             if hit {
                 excluded = !p.exception;
             }
@@ -321,9 +302,7 @@ mod tests {
             other => panic!("expected EmptyException on line 3, got {other:?}"),
         }
         match DockerIgnore::parse("ok\n[a-\n") {
-            Err(IgnoreError::BadPattern {
-                line: 2, pattern, ..
-            }) => assert_eq!(pattern, "[a-"),
+            Err(IgnoreError::BadPattern { line: 2, pattern, .. }) => assert_eq!(pattern, "[a-"),
             other => panic!("expected BadPattern on line 2, got {other:?}"),
         }
         let msg = DockerIgnore::parse("x\n  ! \n").unwrap_err().to_string();

@@ -217,8 +217,7 @@ pub(super) fn compile(pattern: &str) -> Result<Matcher, &'static str> {
         Kind::Suffix => Matcher::Suffix(pattern[2..].to_string()),
         Kind::Regex => {
             re.push('$');
-            let re = Regex::new(&go_regex_to_rust(&re))
-                .map_err(|_| "Docker's matcher cannot compile it")?;
+            let re = Regex::new(&go_regex_to_rust(&re)).map_err(|_| "Docker's matcher cannot compile it")?;
             Matcher::Regex(re)
         }
     })
@@ -263,8 +262,7 @@ fn go_regex_to_rust(go: &str) -> String {
                 out.push(c);
             }
             '[' if chars.get(i + 1) == Some(&':') => {
-                let close = (i + 2..chars.len().saturating_sub(1))
-                    .find(|&j| chars[j] == ':' && chars[j + 1] == ']');
+                let close = (i + 2..chars.len().saturating_sub(1)).find(|&j| chars[j] == ':' && chars[j + 1] == ']');
                 match close {
                     Some(j) => {
                         out.extend(&chars[i..j + 2]);
@@ -312,10 +310,7 @@ mod tests {
     #[test]
     fn go_refuses_these_globs_and_so_does_docker() {
         for bad in ["[", "[]", "[a", "a[-z]", "[a-]", "[^]", "x\\", "*[", "!/"] {
-            assert!(
-                DockerIgnore::parse(bad).is_err(),
-                "{bad:?} should be refused"
-            );
+            assert!(DockerIgnore::parse(bad).is_err(), "{bad:?} should be refused");
         }
         for good in ["[a]", "[\\]]", "a*[*]", "[a-z]*", "**/x", "\\[", "!a"] {
             assert!(DockerIgnore::parse(good).is_ok(), "{good:?} should parse");

@@ -24,15 +24,7 @@ pub(super) fn resolve_built(
     let image = || name.to_string();
     let context_raw = raw.context.ok_or_else(|| {
         let example = "\"<dir>\" (relative to this file's folder)";
-        ctx.at(
-            span.clone(),
-            Problem::MissingKey {
-                kind: "built",
-                image: image(),
-                key: "context",
-                example,
-            },
-        )
+        ctx.at(span.clone(), Problem::MissingKey { kind: "built", image: image(), key: "context", example })
     })?;
     let given = context_raw.get_ref().clone();
     let at_context = |problem| ctx.at(context_raw.span(), problem);
@@ -40,48 +32,19 @@ pub(super) fn resolve_built(
     let looked = std::path::absolute(&joined).unwrap_or_else(|_| joined.clone());
     match std::fs::metadata(&joined) {
         Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(at_context(Problem::ContextNotDir {
-                image: image(),
-                given,
-                looked,
-            }))
-        }
+        Ok(_) => return Err(at_context(Problem::ContextNotDir { image: image(), given, looked })),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Err(at_context(Problem::ContextMissing {
-                image: image(),
-                given,
-                looked,
-            }));
+            return Err(at_context(Problem::ContextMissing { image: image(), given, looked }));
         }
         Err(err) => {
-            return Err(at_context(Problem::Unresolvable {
-                image: image(),
-                key: "context",
-                given,
-                looked,
-                err,
-            }));
+            return Err(at_context(Problem::Unresolvable { image: image(), key: "context", given, looked, err }));
         }
     }
     let context = std::fs::canonicalize(&joined).map_err(|err| {
-        at_context(Problem::Unresolvable {
-            image: image(),
-            key: "context",
-            given: given.clone(),
-            looked,
-            err,
-        })
+        at_context(Problem::Unresolvable { image: image(), key: "context", given: given.clone(), looked, err })
     })?;
 
-    let dockerfile = resolve_dockerfile(
-        ctx,
-        name,
-        &context,
-        &given,
-        raw.dockerfile.as_ref(),
-        span.clone(),
-    )?;
+    let dockerfile = resolve_dockerfile(ctx, name, &context, &given, raw.dockerfile.as_ref(), span.clone())?;
 
     let mut args = BTreeMap::new();
     if let Some(raw_args) = raw.args {
@@ -89,13 +52,7 @@ pub(super) fn resolve_built(
         for (key, value) in raw_args.into_inner() {
             // `--build-arg K=V` splits at the first '='; a key holding one would set another arg.
             if key.is_empty() || key.contains('=') || key.contains(char::is_whitespace) {
-                return Err(ctx.at(
-                    args_span,
-                    Problem::BadArg {
-                        image: image(),
-                        key,
-                    },
-                ));
+                return Err(ctx.at(args_span, Problem::BadArg { image: image(), key }));
             }
             args.insert(key, value);
         }
@@ -105,16 +62,9 @@ pub(super) fn resolve_built(
         Some(stage) => {
             let s = stage.get_ref();
             let ok = s.starts_with(|c: char| c.is_ascii_alphabetic())
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
             if !ok {
-                return Err(ctx.at(
-                    stage.span(),
-                    Problem::BadStage {
-                        image: image(),
-                        stage: s.clone(),
-                    },
-                ));
+                return Err(ctx.at(stage.span(), Problem::BadStage { image: image(), stage: s.clone() }));
             }
             Some(stage.into_inner())
         }
@@ -127,14 +77,7 @@ pub(super) fn resolve_built(
     };
     check_repository(target, &repository, name).map_err(|problem| ctx.at(repo_span, problem))?;
 
-    Ok(BuiltImage {
-        context,
-        dockerfile,
-        args,
-        target: stage,
-        shared: raw.shared.unwrap_or(false),
-        repository,
-    })
+    Ok(BuiltImage { context, dockerfile, args, target: stage, shared: raw.shared.unwrap_or(false), repository })
 }
 
 /// A repository must be a bare path (the target adds the registry) and stay a valid name once
@@ -143,19 +86,12 @@ fn check_repository(target: &Target, repository: &str, image: &str) -> Result<()
     let first = repository.split('/').next().unwrap_or_default();
     let has_domain = repository.contains('/') && (first.contains('.') || first == "localhost");
     if repository.contains([':', '@']) || has_domain {
-        return Err(Problem::RepositoryNotPlain {
-            image: image.to_string(),
-            repository: repository.to_string(),
-        });
+        return Err(Problem::RepositoryNotPlain { image: image.to_string(), repository: repository.to_string() });
     }
     let checked = refs::check_path(repository)
         .map_err(|problem| refs::RefError::new(repository, problem))
         .and_then(|()| refs::parse_parts(&target.qualify(repository)).map(drop));
-    checked.map_err(|err| Problem::BadRepository {
-        image: image.to_string(),
-        repository: repository.to_string(),
-        err,
-    })
+    checked.map_err(|err| Problem::BadRepository { image: image.to_string(), repository: repository.to_string(), err })
 }
 
 fn resolve_dockerfile(
@@ -173,34 +109,23 @@ fn resolve_dockerfile(
     };
     let looked = std::path::absolute(&joined).unwrap_or_else(|_| joined.clone());
     let missing = || match raw {
-        Some(raw) => Problem::DockerfileMissing {
-            image: image(),
-            given: raw.get_ref().clone(),
-            looked: looked.clone(),
-        },
+        Some(raw) => {
+            Problem::DockerfileMissing { image: image(), given: raw.get_ref().clone(), looked: looked.clone() }
+        }
         None => Problem::DefaultDockerfileMissing {
             image: image(),
             context: context_given.to_string(),
             looked: looked.clone(),
         },
     };
-    let given = || {
-        raw.map(|r| r.get_ref().clone())
-            .unwrap_or_else(|| format!("{context_given}/Dockerfile"))
-    };
+    let given = || raw.map(|r| r.get_ref().clone()).unwrap_or_else(|| format!("{context_given}/Dockerfile"));
     match std::fs::metadata(&joined) {
         Ok(meta) if meta.is_file() => {}
         Ok(_) => {
-            let problem = Problem::DockerfileNotFile {
-                image: image(),
-                given: given(),
-                looked: looked.clone(),
-            };
+            let problem = Problem::DockerfileNotFile { image: image(), given: given(), looked: looked.clone() };
             return Err(ctx.at(problem_span, problem));
         }
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ctx.at(problem_span, missing()))
-        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Err(ctx.at(problem_span, missing())),
         Err(err) => {
             let problem = Problem::Unresolvable {
                 image: image(),
@@ -213,13 +138,7 @@ fn resolve_dockerfile(
         }
     }
     let path = std::fs::canonicalize(&joined).map_err(|err| {
-        let problem = Problem::Unresolvable {
-            image: image(),
-            key: "dockerfile",
-            given: given(),
-            looked,
-            err,
-        };
+        let problem = Problem::Unresolvable { image: image(), key: "dockerfile", given: given(), looked, err };
         ctx.at(problem_span.clone(), problem)
     })?;
     let rel = relative_from(context, &path);
@@ -244,11 +163,7 @@ fn relative_path(
 ) -> Result<PathBuf, ManifestError> {
     let given = raw.get_ref();
     if Path::new(given).is_absolute() {
-        let problem = Problem::AbsolutePath {
-            image: name.to_string(),
-            key,
-            value: given.clone(),
-        };
+        let problem = Problem::AbsolutePath { image: name.to_string(), key, value: given.clone() };
         return Err(ctx.at(raw.span(), problem));
     }
     Ok(ctx.dir.join(given))
@@ -274,21 +189,9 @@ mod tests {
     #[test]
     fn relative_paths_climb_and_descend() {
         let p = |s: &str| PathBuf::from(s);
-        assert_eq!(
-            relative_from(&p("/a/b"), &p("/a/b/Dockerfile")).unwrap(),
-            "Dockerfile"
-        );
-        assert_eq!(
-            relative_from(&p("/a/b"), &p("/a/b/d/x.Dockerfile")).unwrap(),
-            "d/x.Dockerfile"
-        );
-        assert_eq!(
-            relative_from(&p("/a/b"), &p("/a/w.Dockerfile")).unwrap(),
-            "../w.Dockerfile"
-        );
-        assert_eq!(
-            relative_from(&p("/a/b/c"), &p("/a/x/y")).unwrap(),
-            "../../x/y"
-        );
+        assert_eq!(relative_from(&p("/a/b"), &p("/a/b/Dockerfile")).unwrap(), "Dockerfile");
+        assert_eq!(relative_from(&p("/a/b"), &p("/a/b/d/x.Dockerfile")).unwrap(), "d/x.Dockerfile");
+        assert_eq!(relative_from(&p("/a/b"), &p("/a/w.Dockerfile")).unwrap(), "../w.Dockerfile");
+        assert_eq!(relative_from(&p("/a/b/c"), &p("/a/x/y")).unwrap(), "../../x/y");
     }
 }

@@ -35,7 +35,9 @@ impl std::error::Error for ManifestError {
 /// What is wrong, and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum Problem {
-    #[error("not found — create it (examples/hello/kiln.toml shows the format) or run kiln in the folder that holds it")]
+    #[error(
+        "not found — create it (examples/hello/kiln.toml shows the format) or run kiln in the folder that holds it"
+    )]
     NotFound,
     #[error("cannot be read")]
     Unreadable {
@@ -46,23 +48,15 @@ pub enum Problem {
     #[error("{detail}")]
     Toml { detail: String },
     #[error("unknown key {key:?} {section} — expected one of {}", expected.join(", "))]
-    UnknownKey {
-        key: String,
-        section: String,
-        expected: &'static [&'static str],
-    },
-    #[error(
-        "no instance — add instance = \"<name>\" at the top (lowercase letters, digits and '-')"
-    )]
+    UnknownKey { key: String, section: String, expected: &'static [&'static str] },
+    #[error("no instance — add instance = \"<name>\" at the top (lowercase letters, digits and '-')")]
     MissingInstance,
     #[error(
         "instance {name:?} is invalid: use lowercase letters, digits and '-', start with a letter, end with a \
          letter or digit, at most 63 characters"
     )]
     BadInstance { name: String },
-    #[error(
-        "no [target] — add one, e.g. [target] kind = \"registry\" with registry = \"host:port\""
-    )]
+    #[error("no [target] — add one, e.g. [target] kind = \"registry\" with registry = \"host:port\"")]
     NoTarget,
     #[error("[target] has no kind — add kind = \"registry\" (or \"kind\", \"nodes\", \"local\")")]
     MissingTargetKind,
@@ -73,22 +67,11 @@ pub enum Problem {
     #[error("target kind \"nodes\" needs cluster = \"<cluster name>\"")]
     MissingCluster,
     #[error("key {key:?} does not apply to target kind {kind:?} — remove it")]
-    KeyNotForKind {
-        key: &'static str,
-        kind: &'static str,
-    },
+    KeyNotForKind { key: &'static str, kind: &'static str },
     #[error("{key} {value:?} is invalid: {why}")]
-    BadRegistry {
-        key: &'static str,
-        value: String,
-        why: String,
-    },
+    BadRegistry { key: &'static str, value: String, why: String },
     #[error("{what} {value:?} is invalid: {why}")]
-    BadName {
-        what: &'static str,
-        value: String,
-        why: &'static str,
-    },
+    BadName { what: &'static str, value: String, why: &'static str },
     #[error(
         "platforms is empty — list at least one, e.g. platforms = [\"linux/amd64\"], or remove the key to build \
          for this host"
@@ -107,57 +90,24 @@ pub enum Problem {
     )]
     BadImageName { name: String, section: String },
     #[error("two images are named {name:?} ({first} and {second}) — rename one")]
-    DuplicateName {
-        name: String,
-        first: String,
-        second: String,
-    },
+    DuplicateName { name: String, first: String, second: String },
     #[error("{kind} image {image:?} needs {key} = {example}")]
-    MissingKey {
-        kind: &'static str,
-        image: String,
-        key: &'static str,
-        example: &'static str,
-    },
+    MissingKey { kind: &'static str, image: String, key: &'static str, example: &'static str },
     #[error("built image {image:?}: {key} {value:?} must be relative to the manifest's folder")]
-    AbsolutePath {
-        image: String,
-        key: &'static str,
-        value: String,
-    },
+    AbsolutePath { image: String, key: &'static str, value: String },
     #[error("built image {image:?}: context {given:?} does not exist (looked in {})", looked.display())]
-    ContextMissing {
-        image: String,
-        given: String,
-        looked: PathBuf,
-    },
+    ContextMissing { image: String, given: String, looked: PathBuf },
     #[error("built image {image:?}: context {given:?} is not a directory ({})", looked.display())]
-    ContextNotDir {
-        image: String,
-        given: String,
-        looked: PathBuf,
-    },
+    ContextNotDir { image: String, given: String, looked: PathBuf },
     #[error("built image {image:?}: dockerfile {given:?} does not exist (looked in {})", looked.display())]
-    DockerfileMissing {
-        image: String,
-        given: String,
-        looked: PathBuf,
-    },
+    DockerfileMissing { image: String, given: String, looked: PathBuf },
     #[error(
         "built image {image:?}: no Dockerfile in context {context:?} (looked for {}) — add one or set dockerfile = \"<path>\"",
         looked.display()
     )]
-    DefaultDockerfileMissing {
-        image: String,
-        context: String,
-        looked: PathBuf,
-    },
+    DefaultDockerfileMissing { image: String, context: String, looked: PathBuf },
     #[error("built image {image:?}: dockerfile {given:?} is not a file ({})", looked.display())]
-    DockerfileNotFile {
-        image: String,
-        given: String,
-        looked: PathBuf,
-    },
+    DockerfileNotFile { image: String, given: String, looked: PathBuf },
     #[error("built image {image:?}: cannot resolve {key} {given:?} ({})", looked.display())]
     Unresolvable {
         image: String,
@@ -169,7 +119,9 @@ pub enum Problem {
     },
     #[error("built image {image:?}: build arg {key:?} is invalid — a name must be non-empty, without '=' or spaces")]
     BadArg { image: String, key: String },
-    #[error("built image {image:?}: target stage {stage:?} is invalid — name a stage of the Dockerfile (FROM … AS <stage>)")]
+    #[error(
+        "built image {image:?}: target stage {stage:?} is invalid — name a stage of the Dockerfile (FROM … AS <stage>)"
+    )]
     BadStage { image: String, stage: String },
     #[error("built image {image:?}: repository {repository:?} is invalid")]
     BadRepository {

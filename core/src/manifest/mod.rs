@@ -85,11 +85,7 @@ impl Manifest {
                 std::io::ErrorKind::NotFound => Problem::NotFound,
                 _ => Problem::Unreadable { err },
             };
-            ManifestError {
-                path: path.clone(),
-                line: None,
-                problem: Box::new(problem),
-            }
+            ManifestError { path: path.clone(), line: None, problem: Box::new(problem) }
         })?;
         Manifest::parse(&text, &path)
     }

@@ -13,29 +13,9 @@ use toml::Spanned;
 
 use super::error::Problem;
 
-pub(super) const TOP_KEYS: &[&str] = &[
-    "instance",
-    "platforms",
-    "target",
-    "built",
-    "brought",
-    "pinned",
-];
-pub(super) const TARGET_KEYS: &[&str] = &[
-    "kind",
-    "registry",
-    "cluster",
-    "namespace",
-    "mirror_registry",
-];
-pub(super) const BUILT_KEYS: &[&str] = &[
-    "context",
-    "dockerfile",
-    "args",
-    "target",
-    "shared",
-    "repository",
-];
+pub(super) const TOP_KEYS: &[&str] = &["instance", "platforms", "target", "built", "brought", "pinned"];
+pub(super) const TARGET_KEYS: &[&str] = &["kind", "registry", "cluster", "namespace", "mirror_registry"];
+pub(super) const BUILT_KEYS: &[&str] = &["context", "dockerfile", "args", "target", "shared", "repository"];
 pub(super) const REF_KEYS: &[&str] = &["ref"];
 
 #[derive(Debug, Deserialize)]
@@ -85,10 +65,7 @@ pub(super) struct RawRef {
 pub(super) fn parse(text: &str) -> Result<RawManifest, (Option<Range<usize>>, Box<Problem>)> {
     let toml_error = |err: toml::de::Error| {
         let span = err.span();
-        let key = span
-            .clone()
-            .and_then(|s| text.get(s))
-            .map(|k| k.trim_matches(['"', '\'']));
+        let key = span.clone().and_then(|s| text.get(s)).map(|k| k.trim_matches(['"', '\'']));
         let detail = match (err.message(), key) {
             // The parser's message does not say which key, and the line alone can hold several.
             ("duplicate key", Some(key)) => format!("key {key:?} appears twice — keep one"),
@@ -113,11 +90,7 @@ fn check_keys(root: &DeTable<'_>) -> Result<(), (Option<Range<usize>>, Box<Probl
         match key.get_ref().as_ref() {
             "target" => check_table(table, "in [target]", TARGET_KEYS, &mut unknown),
             kind @ ("built" | "brought" | "pinned") => {
-                let expected = if kind == "built" {
-                    BUILT_KEYS
-                } else {
-                    REF_KEYS
-                };
+                let expected = if kind == "built" { BUILT_KEYS } else { REF_KEYS };
                 for (name, entry) in table.iter() {
                     if let Some(entry) = entry.get_ref().as_table() {
                         let section = format!("in {}", section(kind, name.get_ref()));
@@ -142,11 +115,8 @@ fn check_table(
 ) {
     for (key, _) in table.iter() {
         if !expected.contains(&key.get_ref().as_ref()) {
-            let problem = Problem::UnknownKey {
-                key: key.get_ref().to_string(),
-                section: section.to_string(),
-                expected,
-            };
+            let problem =
+                Problem::UnknownKey { key: key.get_ref().to_string(), section: section.to_string(), expected };
             unknown.push((key.span(), problem));
         }
     }

@@ -22,24 +22,12 @@ pub(super) struct Ctx<'a> {
 impl Ctx<'_> {
     pub(super) fn at(&self, span: Range<usize>, problem: Problem) -> ManifestError {
         let start = span.start.min(self.text.len());
-        let line = self.text.as_bytes()[..start]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count()
-            + 1;
-        ManifestError {
-            path: self.path.to_path_buf(),
-            line: Some(line),
-            problem: Box::new(problem),
-        }
+        let line = self.text.as_bytes()[..start].iter().filter(|&&b| b == b'\n').count() + 1;
+        ManifestError { path: self.path.to_path_buf(), line: Some(line), problem: Box::new(problem) }
     }
 
     fn whole(&self, problem: Problem) -> ManifestError {
-        ManifestError {
-            path: self.path.to_path_buf(),
-            line: None,
-            problem: Box::new(problem),
-        }
+        ManifestError { path: self.path.to_path_buf(), line: None, problem: Box::new(problem) }
     }
 }
 
@@ -48,11 +36,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let ctx = Ctx {
-        path: manifest_path,
-        text,
-        dir,
-    };
+    let ctx = Ctx { path: manifest_path, text, dir };
     let raw = raw::parse(text).map_err(|(span, problem)| match span {
         Some(span) => ctx.at(span, *problem),
         None => ctx.whole(*problem),
@@ -66,20 +50,10 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         entries.push(("built", name, built.span(), Body::Built(built.into_inner())));
     }
     for (name, brought) in raw.brought {
-        entries.push((
-            "brought",
-            name,
-            brought.span(),
-            Body::Ref(brought.into_inner()),
-        ));
+        entries.push(("brought", name, brought.span(), Body::Ref(brought.into_inner())));
     }
     for (name, pinned) in raw.pinned {
-        entries.push((
-            "pinned",
-            name,
-            pinned.span(),
-            Body::Ref(pinned.into_inner()),
-        ));
+        entries.push(("pinned", name, pinned.span(), Body::Ref(pinned.into_inner())));
     }
     if entries.is_empty() {
         return Err(ctx.whole(Problem::NoImages));
@@ -95,34 +69,18 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
             return Err(ctx.at(name_spanned.span(), Problem::BadImageName { name, section }));
         }
         if let Some(first) = seen.insert(name.clone(), section.clone()) {
-            let problem = Problem::DuplicateName {
-                name,
-                first,
-                second: section,
-            };
+            let problem = Problem::DuplicateName { name, first, second: section };
             return Err(ctx.at(name_spanned.span(), problem));
         }
         let spec = match body {
-            Body::Built(built) => {
-                ImageSpec::Built(resolve_built(&ctx, &instance, &target, &name, span, built)?)
-            }
-            Body::Ref(r) if kind == "brought" => {
-                ImageSpec::Brought(resolve_ref(&ctx, kind, &name, span, r)?)
-            }
+            Body::Built(built) => ImageSpec::Built(resolve_built(&ctx, &instance, &target, &name, span, built)?),
+            Body::Ref(r) if kind == "brought" => ImageSpec::Brought(resolve_ref(&ctx, kind, &name, span, r)?),
             Body::Ref(r) => ImageSpec::Pinned(resolve_ref(&ctx, kind, &name, span, r)?),
         };
         images.push(Image { name, spec });
     }
 
-    Ok(Manifest {
-        path: manifest_path.to_path_buf(),
-        instance,
-        platforms,
-        target,
-        namespace,
-        mirror_registry,
-        images,
-    })
+    Ok(Manifest { path: manifest_path.to_path_buf(), instance, platforms, target, namespace, mirror_registry, images })
 }
 
 enum Body {
@@ -140,10 +98,7 @@ fn resolve_instance(ctx: &Ctx<'_>, raw: Option<Spanned<String>>) -> Result<Strin
     Ok(raw.into_inner())
 }
 
-fn resolve_platforms(
-    ctx: &Ctx<'_>,
-    raw: Option<Spanned<Vec<Spanned<String>>>>,
-) -> Result<PlatformSet, ManifestError> {
+fn resolve_platforms(ctx: &Ctx<'_>, raw: Option<Spanned<Vec<Spanned<String>>>>) -> Result<PlatformSet, ManifestError> {
     let Some(raw) = raw else {
         return Ok(PlatformSet::host());
     };
@@ -152,8 +107,8 @@ fn resolve_platforms(
     }
     let mut platforms = Vec::new();
     for item in raw.into_inner() {
-        let platform = Platform::parse(item.get_ref())
-            .map_err(|err| ctx.at(item.span(), Problem::BadPlatform { err }))?;
+        let platform =
+            Platform::parse(item.get_ref()).map_err(|err| ctx.at(item.span(), Problem::BadPlatform { err }))?;
         platforms.push(platform);
     }
     Ok(PlatformSet::new(platforms).expect("checked non-empty above"))
@@ -161,27 +116,19 @@ fn resolve_platforms(
 
 type TargetParts = (Target, Option<String>, Option<RegistryPath>);
 
-fn resolve_target(
-    ctx: &Ctx<'_>,
-    raw: Option<Spanned<RawTarget>>,
-) -> Result<TargetParts, ManifestError> {
+fn resolve_target(ctx: &Ctx<'_>, raw: Option<Spanned<RawTarget>>) -> Result<TargetParts, ManifestError> {
     let raw = raw.ok_or_else(|| ctx.whole(Problem::NoTarget))?;
     let span = raw.span();
     let t = raw.into_inner();
-    let kind = t
-        .kind
-        .ok_or_else(|| ctx.at(span.clone(), Problem::MissingTargetKind))?;
-    let refuse =
-        |key: &'static str, value: &Option<Spanned<String>>, kind: &'static str| match value {
-            Some(value) => Err(ctx.at(value.span(), Problem::KeyNotForKind { key, kind })),
-            None => Ok(()),
-        };
+    let kind = t.kind.ok_or_else(|| ctx.at(span.clone(), Problem::MissingTargetKind))?;
+    let refuse = |key: &'static str, value: &Option<Spanned<String>>, kind: &'static str| match value {
+        Some(value) => Err(ctx.at(value.span(), Problem::KeyNotForKind { key, kind })),
+        None => Ok(()),
+    };
     let target = match kind.get_ref().as_str() {
         "registry" => {
             refuse("cluster", &t.cluster, "registry")?;
-            let registry = t
-                .registry
-                .ok_or_else(|| ctx.at(span.clone(), Problem::MissingRegistry))?;
+            let registry = t.registry.ok_or_else(|| ctx.at(span.clone(), Problem::MissingRegistry))?;
             Target::Registry(resolve_registry(ctx, "registry", &registry)?)
         }
         "kind" => {
@@ -194,13 +141,8 @@ fn resolve_target(
         }
         "nodes" => {
             refuse("registry", &t.registry, "nodes")?;
-            let cluster = t
-                .cluster
-                .as_ref()
-                .ok_or_else(|| ctx.at(span.clone(), Problem::MissingCluster))?;
-            Target::Nodes {
-                cluster: resolve_cluster(ctx, cluster)?,
-            }
+            let cluster = t.cluster.as_ref().ok_or_else(|| ctx.at(span.clone(), Problem::MissingCluster))?;
+            Target::Nodes { cluster: resolve_cluster(ctx, cluster)? }
         }
         "local" => {
             refuse("registry", &t.registry, "local")?;
@@ -208,77 +150,37 @@ fn resolve_target(
             Target::Local
         }
         other => {
-            return Err(ctx.at(
-                kind.span(),
-                Problem::UnknownTargetKind {
-                    kind: other.to_string(),
-                },
-            ));
+            return Err(ctx.at(kind.span(), Problem::UnknownTargetKind { kind: other.to_string() }));
         }
     };
     let namespace = match t.namespace {
         Some(ns) if !is_dns_label(ns.get_ref()) => {
             let why = "a Kubernetes namespace is lowercase letters, digits and '-', at most 63 characters";
-            return Err(ctx.at(
-                ns.span(),
-                Problem::BadName {
-                    what: "namespace",
-                    value: ns.into_inner(),
-                    why,
-                },
-            ));
+            return Err(ctx.at(ns.span(), Problem::BadName { what: "namespace", value: ns.into_inner(), why }));
         }
         other => other.map(Spanned::into_inner),
     };
-    let mirror = t
-        .mirror_registry
-        .map(|m| resolve_registry(ctx, "mirror_registry", &m))
-        .transpose()?;
+    let mirror = t.mirror_registry.map(|m| resolve_registry(ctx, "mirror_registry", &m)).transpose()?;
     Ok((target, namespace, mirror))
 }
 
 fn resolve_cluster(ctx: &Ctx<'_>, raw: &Spanned<String>) -> Result<String, ManifestError> {
     let name = raw.get_ref();
-    if name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
     {
         let why = "a cluster name is lowercase letters, digits, '.' and '-'";
-        return Err(ctx.at(
-            raw.span(),
-            Problem::BadName {
-                what: "cluster",
-                value: name.clone(),
-                why,
-            },
-        ));
+        return Err(ctx.at(raw.span(), Problem::BadName { what: "cluster", value: name.clone(), why }));
     }
     Ok(name.clone())
 }
 
 /// `host[:port][/prefix]`. The host must be one Docker reads as a registry: `team/api` would
 /// otherwise be pushed to Docker Hub's user `team`.
-fn resolve_registry(
-    ctx: &Ctx<'_>,
-    key: &'static str,
-    raw: &Spanned<String>,
-) -> Result<RegistryPath, ManifestError> {
+fn resolve_registry(ctx: &Ctx<'_>, key: &'static str, raw: &Spanned<String>) -> Result<RegistryPath, ManifestError> {
     let value = raw.get_ref();
-    let fail = |why: String| {
-        ctx.at(
-            raw.span(),
-            Problem::BadRegistry {
-                key,
-                value: value.clone(),
-                why,
-            },
-        )
-    };
+    let fail = |why: String| ctx.at(raw.span(), Problem::BadRegistry { key, value: value.clone(), why });
     if value.contains("://") {
-        return Err(fail(
-            "drop the scheme: write host[:port][/prefix]".to_string(),
-        ));
+        return Err(fail("drop the scheme: write host[:port][/prefix]".to_string()));
     }
     let trimmed = value.trim_end_matches('/');
     let (host, prefix) = match trimmed.split_once('/') {
@@ -286,9 +188,7 @@ fn resolve_registry(
         None => (trimmed, None),
     };
     if host.is_empty() {
-        return Err(fail(
-            "it names no host: write host[:port][/prefix]".to_string(),
-        ));
+        return Err(fail("it names no host: write host[:port][/prefix]".to_string()));
     }
     refs::check_domain(host).map_err(|problem| fail(problem.to_string()))?;
     if !refs::looks_like_domain(host) {
@@ -300,10 +200,7 @@ fn resolve_registry(
     if let Some(prefix) = prefix {
         refs::check_path(prefix).map_err(|problem| fail(problem.to_string()))?;
     }
-    Ok(RegistryPath {
-        host: host.to_string(),
-        prefix: prefix.map(str::to_string),
-    })
+    Ok(RegistryPath { host: host.to_string(), prefix: prefix.map(str::to_string) })
 }
 
 fn resolve_ref(
@@ -314,36 +211,13 @@ fn resolve_ref(
     raw: RawRef,
 ) -> Result<ImageRef, ManifestError> {
     let reference = raw.reference.ok_or_else(|| {
-        let example = if kind == "pinned" {
-            "\"<image>:<tag>@sha256:<64 hex>\""
-        } else {
-            "\"<image>:<tag>\""
-        };
-        ctx.at(
-            span,
-            Problem::MissingKey {
-                kind,
-                image: name.to_string(),
-                key: "ref",
-                example,
-            },
-        )
+        let example = if kind == "pinned" { "\"<image>:<tag>@sha256:<64 hex>\"" } else { "\"<image>:<tag>\"" };
+        ctx.at(span, Problem::MissingKey { kind, image: name.to_string(), key: "ref", example })
     })?;
-    let parsed = ImageRef::parse(reference.get_ref()).map_err(|err| {
-        ctx.at(
-            reference.span(),
-            Problem::BadRef {
-                kind,
-                image: name.to_string(),
-                err,
-            },
-        )
-    })?;
+    let parsed = ImageRef::parse(reference.get_ref())
+        .map_err(|err| ctx.at(reference.span(), Problem::BadRef { kind, image: name.to_string(), err }))?;
     if kind == "pinned" && parsed.digest().is_none() {
-        let problem = Problem::PinnedWithoutDigest {
-            image: name.to_string(),
-            given: reference.get_ref().clone(),
-        };
+        let problem = Problem::PinnedWithoutDigest { image: name.to_string(), given: reference.get_ref().clone() };
         return Err(ctx.at(reference.span(), problem));
     }
     Ok(parsed)

@@ -107,43 +107,23 @@ fn put_opt(h: &mut blake3::Hasher, bytes: Option<&[u8]>) {
 }
 
 /// The content tag `<address12>-<platforms>`, e.g. `4a77b1c2d3e4-amd64.arm64`.
-pub fn content_tag(
-    address: &ImageAddress,
-    platforms: &PlatformSet,
-) -> Result<String, ContentTagError> {
+pub fn content_tag(address: &ImageAddress, platforms: &PlatformSet) -> Result<String, ContentTagError> {
     let tag = format!("{}-{platforms}", address.short12());
     if tag.len() > TAG_LENGTH_MAX {
-        return Err(ContentTagError::TooLong {
-            platforms: platforms.to_string(),
-            len: tag.len(),
-        });
+        return Err(ContentTagError::TooLong { platforms: platforms.to_string(), len: tag.len() });
     }
     Ok(tag)
 }
 
 /// `<repo>:<content tag>`. `repo` is a repository name without tag or digest, with or without a
 /// registry (`shop-api`, `127.0.0.1:5000/team/shop-api`).
-pub fn content_ref(
-    repo: &str,
-    address: &ImageAddress,
-    platforms: &PlatformSet,
-) -> Result<ImageRef, ContentTagError> {
+pub fn content_ref(repo: &str, address: &ImageAddress, platforms: &PlatformSet) -> Result<ImageRef, ContentTagError> {
     let tag = content_tag(address, platforms)?;
-    let parsed = parse_parts(repo).map_err(|err| ContentTagError::Repository {
-        repo: repo.to_string(),
-        err,
-    })?;
+    let parsed = parse_parts(repo).map_err(|err| ContentTagError::Repository { repo: repo.to_string(), err })?;
     if parsed.tag.is_some() || parsed.digest.is_some() {
-        return Err(ContentTagError::RepositoryHasTag {
-            repo: repo.to_string(),
-        });
+        return Err(ContentTagError::RepositoryHasTag { repo: repo.to_string() });
     }
-    parsed
-        .with_tag(&tag)
-        .map_err(|err| ContentTagError::Repository {
-            repo: repo.to_string(),
-            err,
-        })
+    parsed.with_tag(&tag).map_err(|err| ContentTagError::Repository { repo: repo.to_string(), err })
 }
 
 /// Why a content tag could not be made.

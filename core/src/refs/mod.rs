@@ -17,9 +17,7 @@ pub mod platform;
 use std::fmt;
 use std::str::FromStr;
 
-pub use address::{
-    content_ref, content_tag, image_address, AddressInputs, ContentTagError, ImageAddress,
-};
+pub use address::{content_ref, content_tag, image_address, AddressInputs, ContentTagError, ImageAddress};
 pub use platform::{Platform, PlatformError, PlatformSet};
 
 /// The registry a ref without a domain names.
@@ -101,12 +99,7 @@ impl ImageRef {
     pub fn with_tag(&self, tag: &str) -> Result<ImageRef, RefError> {
         let input = format!("{}:{tag}", self.repository());
         check_tag(tag).map_err(|problem| RefError { input, problem })?;
-        Ok(ImageRef {
-            domain: self.domain.clone(),
-            path: self.path.clone(),
-            tag: Some(tag.to_string()),
-            digest: None,
-        })
+        Ok(ImageRef { domain: self.domain.clone(), path: self.path.clone(), tag: Some(tag.to_string()), digest: None })
     }
 }
 
@@ -151,10 +144,7 @@ pub struct RefError {
 
 impl RefError {
     pub(crate) fn new(input: &str, problem: RefProblem) -> RefError {
-        RefError {
-            input: input.to_string(),
-            problem,
-        }
+        RefError { input: input.to_string(), problem }
     }
 
     /// The string that failed to parse.
@@ -193,27 +183,18 @@ pub enum RefProblem {
     BadTag { tag: String, why: &'static str },
     #[error("digest {digest:?} is invalid: digest must be sha256:<64 lowercase hex>")]
     BadDigest { digest: String },
-    #[error(
-        "digest algorithm {algorithm:?} is not supported: digest must be sha256:<64 lowercase hex>"
-    )]
+    #[error("digest algorithm {algorithm:?} is not supported: digest must be sha256:<64 lowercase hex>")]
     UnsupportedDigest { algorithm: String },
 }
 
 /// Parses without defaulting the tag, so callers can tell a written `:latest` from none.
 pub(crate) fn parse_parts(input: &str) -> Result<ImageRef, RefError> {
-    let fail = |problem| RefError {
-        input: input.to_string(),
-        problem,
-    };
+    let fail = |problem| RefError { input: input.to_string(), problem };
     if input.is_empty() {
         return Err(fail(RefProblem::Empty));
     }
     // Docker refuses a bare 64-hex string: it would be ambiguous with an image id.
-    if input.len() == 64
-        && input
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-    {
+    if input.len() == 64 && input.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
         return Err(fail(RefProblem::LooksLikeImageId));
     }
     let (name_tag, digest) = match input.split_once('@') {
@@ -258,12 +239,7 @@ pub(crate) fn parse_parts(input: &str) -> Result<ImageRef, RefError> {
     if len > NAME_TOTAL_LENGTH_MAX {
         return Err(fail(RefProblem::NameTooLong { len }));
     }
-    Ok(ImageRef {
-        domain: domain.to_string(),
-        path,
-        tag: tag.map(str::to_string),
-        digest: digest.map(str::to_string),
-    })
+    Ok(ImageRef { domain: domain.to_string(), path, tag: tag.map(str::to_string), digest: digest.map(str::to_string) })
 }
 
 /// Docker's rule for telling `host/name` from `user/name`: the first component is a domain only
@@ -276,31 +252,20 @@ pub(crate) fn split_domain(name: &str) -> (Option<&str>, &str) {
 }
 
 pub(crate) fn looks_like_domain(first: &str) -> bool {
-    first.contains(['.', ':'])
-        || first == "localhost"
-        || first.bytes().any(|b| b.is_ascii_uppercase())
+    first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// `host[:port]`, where host is dot-separated labels or a bracketed IPv6 address.
 pub(crate) fn check_domain(domain: &str) -> Result<(), RefProblem> {
-    let bad = |why| RefProblem::BadDomain {
-        domain: domain.to_string(),
-        why,
-    };
+    let bad = |why| RefProblem::BadDomain { domain: domain.to_string(), why };
     let (host, port) = if let Some(rest) = domain.strip_prefix('[') {
-        let (inside, after) = rest
-            .split_once(']')
-            .ok_or_else(|| bad("'[' without a closing ']'"))?;
+        let (inside, after) = rest.split_once(']').ok_or_else(|| bad("'[' without a closing ']'"))?;
         if inside.is_empty() || !inside.bytes().all(|b| b.is_ascii_hexdigit() || b == b':') {
             return Err(bad("a bracketed host must be an IPv6 address"));
         }
         let port = match after {
             "" => None,
-            _ => Some(
-                after
-                    .strip_prefix(':')
-                    .ok_or_else(|| bad("expected ':<port>' after ']'"))?,
-            ),
+            _ => Some(after.strip_prefix(':').ok_or_else(|| bad("expected ':<port>' after ']'"))?),
         };
         (None, port)
     } else {
@@ -313,15 +278,11 @@ pub(crate) fn check_domain(domain: &str) -> Result<(), RefProblem> {
         for label in host.split('.') {
             let bytes = label.as_bytes();
             let ok = !bytes.is_empty()
-                && bytes
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
                 && bytes[0] != b'-'
                 && bytes[bytes.len() - 1] != b'-';
             if !ok {
-                return Err(bad(
-                    "host labels are letters, digits and inner '-', separated by '.'",
-                ));
+                return Err(bad("host labels are letters, digits and inner '-', separated by '.'"));
             }
         }
     }
@@ -340,14 +301,10 @@ pub(crate) fn check_path(path: &str) -> Result<(), RefProblem> {
     }
     for component in path.split('/') {
         if component.is_empty() {
-            return Err(RefProblem::EmptyComponent {
-                name: path.to_string(),
-            });
+            return Err(RefProblem::EmptyComponent { name: path.to_string() });
         }
         if !valid_component(component) {
-            return Err(RefProblem::BadComponent {
-                component: component.to_string(),
-            });
+            return Err(RefProblem::BadComponent { component: component.to_string() });
         }
     }
     Ok(())
@@ -381,10 +338,7 @@ fn valid_component(component: &str) -> bool {
 
 /// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`
 fn check_tag(tag: &str) -> Result<(), RefProblem> {
-    let bad = |why| RefProblem::BadTag {
-        tag: tag.to_string(),
-        why,
-    };
+    let bad = |why| RefProblem::BadTag { tag: tag.to_string(), why };
     let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
     let Some(&first) = tag.as_bytes().first() else {
         return Err(bad("it is empty — drop the ':' or write a tag"));
@@ -402,28 +356,18 @@ fn check_tag(tag: &str) -> Result<(), RefProblem> {
 }
 
 fn check_digest(digest: &str) -> Result<(), RefProblem> {
-    let bad = || RefProblem::BadDigest {
-        digest: digest.to_string(),
-    };
+    let bad = || RefProblem::BadDigest { digest: digest.to_string() };
     let (algorithm, hex) = digest.split_once(':').ok_or_else(bad)?;
     if algorithm != "sha256" {
         let known_shape = !algorithm.is_empty()
-            && algorithm
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+._-".contains(&b));
+            && algorithm.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+._-".contains(&b));
         return Err(if known_shape {
-            RefProblem::UnsupportedDigest {
-                algorithm: algorithm.to_string(),
-            }
+            RefProblem::UnsupportedDigest { algorithm: algorithm.to_string() }
         } else {
             bad()
         });
     }
-    if hex.len() != 64
-        || !hex
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
         return Err(bad());
     }
     Ok(())
@@ -438,35 +382,17 @@ mod tests {
         for ok in ["a", "a0", "a.b", "a_b", "a__b", "a-b", "a---b", "a.b_c-d"] {
             assert!(valid_component(ok), "{ok} should be valid");
         }
-        for bad in [
-            "", ".a", "a.", "a..b", "a___b", "a._b", "a-.b", "-a", "a-", "a+b",
-        ] {
+        for bad in ["", ".a", "a.", "a..b", "a___b", "a._b", "a-.b", "-a", "a-", "a+b"] {
             assert!(!valid_component(bad), "{bad} should be invalid");
         }
     }
 
     #[test]
     fn domains_accept_ports_and_ipv6() {
-        for ok in [
-            "docker.io",
-            "127.0.0.1:5000",
-            "localhost",
-            "localhost:5000",
-            "[::1]:5000",
-            "[::1]",
-            "My-Reg.io",
-        ] {
+        for ok in ["docker.io", "127.0.0.1:5000", "localhost", "localhost:5000", "[::1]:5000", "[::1]", "My-Reg.io"] {
             assert_eq!(check_domain(ok), Ok(()), "{ok}");
         }
-        for bad in [
-            "reg.io:",
-            "reg.io:50a",
-            "-reg.io",
-            "reg..io",
-            "[::1",
-            "[zz]:5000",
-            "[::1]5000",
-        ] {
+        for bad in ["reg.io:", "reg.io:50a", "-reg.io", "reg..io", "[::1", "[zz]:5000", "[::1]5000"] {
             assert!(check_domain(bad).is_err(), "{bad} should be invalid");
         }
     }

@@ -32,8 +32,8 @@ const KNOWN_OS: &[&str] = &[
 
 /// Architectures Go knows, after aliases are applied.
 const KNOWN_ARCH: &[&str] = &[
-    "386", "amd64", "arm", "arm64", "loong64", "mips", "mipsle", "mips64", "mips64le", "ppc64",
-    "ppc64le", "riscv64", "s390x", "wasm",
+    "386", "amd64", "arm", "arm64", "loong64", "mips", "mipsle", "mips64", "mips64le", "ppc64", "ppc64le", "riscv64",
+    "s390x", "wasm",
 ];
 
 /// One canonical platform. Ordered by its token, so a [`PlatformSet`] sorts as its tag reads.
@@ -53,16 +53,9 @@ impl Platform {
         let parts: Vec<&str> = input.split('/').collect();
         // '_' only so that the alias `x86_64` parses; os and arch must then be known names, and the
         // variant is checked below, so no token ever carries one.
-        let bad_part = |part: &str| PlatformError::BadPart {
-            input: input.to_string(),
-            part: part.to_string(),
-        };
+        let bad_part = |part: &str| PlatformError::BadPart { input: input.to_string(), part: part.to_string() };
         for part in &parts {
-            if part.is_empty()
-                || !part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-            {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
                 return Err(bad_part(part));
             }
         }
@@ -72,17 +65,10 @@ impl Platform {
             [first, second] if KNOWN_OS.contains(first) => (*first, *second, None),
             [arch, variant] => ("linux", *arch, Some(*variant)),
             [os, arch, variant] => (*os, *arch, Some(*variant)),
-            _ => {
-                return Err(PlatformError::Shape {
-                    input: input.to_string(),
-                })
-            }
+            _ => return Err(PlatformError::Shape { input: input.to_string() }),
         };
         if !KNOWN_OS.contains(&os) {
-            return Err(PlatformError::UnknownOs {
-                input: input.to_string(),
-                os: os.to_string(),
-            });
+            return Err(PlatformError::UnknownOs { input: input.to_string(), os: os.to_string() });
         }
         let (arch, variant) = canonical_arch(arch, variant);
         if !KNOWN_ARCH.contains(&arch) {
@@ -96,11 +82,7 @@ impl Platform {
         if let Some(v) = variant.as_deref().filter(|v| v.contains('_')) {
             return Err(bad_part(v));
         }
-        Ok(Platform {
-            os: os.to_string(),
-            arch: arch.to_string(),
-            variant,
-        })
+        Ok(Platform { os: os.to_string(), arch: arch.to_string(), variant })
     }
 
     /// Linux on this machine's architecture: the images a build host runs natively (on macOS and
@@ -119,11 +101,7 @@ impl Platform {
             other => other,
         };
         let (arch, variant) = canonical_arch(arch, None);
-        Platform {
-            os: "linux".to_string(),
-            arch: arch.to_string(),
-            variant,
-        }
+        Platform { os: "linux".to_string(), arch: arch.to_string(), variant }
     }
 
     pub fn os(&self) -> &str {
@@ -190,9 +168,7 @@ fn canonical_arch<'a>(arch: &'a str, variant: Option<&str>) -> (&'a str, Option<
 
 impl Ord for Platform {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.token()
-            .cmp(&other.token())
-            .then_with(|| self.oci().cmp(&other.oci()))
+        self.token().cmp(&other.token()).then_with(|| self.oci().cmp(&other.oci()))
     }
 }
 
@@ -220,9 +196,7 @@ pub struct PlatformSet(Vec<Platform>);
 
 impl PlatformSet {
     /// Sorts and deduplicates; an empty set is an error, since an image must be built for something.
-    pub fn new(
-        platforms: impl IntoIterator<Item = Platform>,
-    ) -> Result<PlatformSet, PlatformError> {
+    pub fn new(platforms: impl IntoIterator<Item = Platform>) -> Result<PlatformSet, PlatformError> {
         let mut platforms: Vec<Platform> = platforms.into_iter().collect();
         platforms.sort();
         platforms.dedup();
@@ -233,13 +207,8 @@ impl PlatformSet {
     }
 
     /// Parses each of `inputs` with [`Platform::parse`].
-    pub fn parse<'a>(
-        inputs: impl IntoIterator<Item = &'a str>,
-    ) -> Result<PlatformSet, PlatformError> {
-        let platforms = inputs
-            .into_iter()
-            .map(Platform::parse)
-            .collect::<Result<Vec<_>, _>>()?;
+    pub fn parse<'a>(inputs: impl IntoIterator<Item = &'a str>) -> Result<PlatformSet, PlatformError> {
+        let platforms = inputs.into_iter().map(Platform::parse).collect::<Result<Vec<_>, _>>()?;
         PlatformSet::new(platforms)
     }
 
@@ -263,11 +232,7 @@ impl PlatformSet {
 
     /// The OCI forms joined with `,`, as `docker buildx build --platform` takes them.
     pub fn oci(&self) -> String {
-        self.0
-            .iter()
-            .map(Platform::oci)
-            .collect::<Vec<_>>()
-            .join(",")
+        self.0.iter().map(Platform::oci).collect::<Vec<_>>().join(",")
     }
 }
 
@@ -300,11 +265,7 @@ pub enum PlatformError {
         if *maybe_os { "os or architecture" } else { "architecture" },
         KNOWN_ARCH.join(", ")
     )]
-    UnknownArch {
-        input: String,
-        arch: String,
-        maybe_os: bool,
-    },
+    UnknownArch { input: String, arch: String, maybe_os: bool },
     #[error("no platforms — list at least one, e.g. \"linux/amd64\"")]
     NoPlatforms,
 }
@@ -351,10 +312,7 @@ mod tests {
         assert_eq!(Platform::parse("arm").unwrap().oci(), "linux/arm/v7");
         assert_eq!(Platform::parse("arm64/v8").unwrap().oci(), "linux/arm64");
         assert_eq!(Platform::parse("x86_64").unwrap().oci(), "linux/amd64");
-        assert_eq!(
-            Platform::parse("windows/amd64").unwrap().oci(),
-            "windows/amd64"
-        );
+        assert_eq!(Platform::parse("windows/amd64").unwrap().oci(), "windows/amd64");
     }
 
     #[test]
@@ -362,11 +320,7 @@ mod tests {
         for os in KNOWN_OS {
             for arch in KNOWN_ARCH {
                 let t = token(&format!("{os}/{arch}"));
-                assert!(
-                    t.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
-                    "{t}"
-                );
+                assert!(t.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'), "{t}");
             }
         }
     }
@@ -381,8 +335,7 @@ mod tests {
     #[test]
     fn bad_platforms_name_the_input() {
         let err = |s| Platform::parse(s).unwrap_err().to_string();
-        assert!(err("Linux/amd64")
-            .contains(r#"platform "Linux/amd64": part "Linux" must be lowercase"#));
+        assert!(err("Linux/amd64").contains(r#"platform "Linux/amd64": part "Linux" must be lowercase"#));
         assert!(err("linux/amd64/v2/x").contains("expected os/arch[/variant]"));
         assert!(err("linx/amd64").contains(r#""linx" is not a known os or architecture"#));
         assert!(err("amd46").contains(r#""amd46" is not a known architecture"#));

@@ -184,11 +184,7 @@ impl Plan {
     /// image that lost its last ref disappears, and an [`RemovalTarget::Id`] removal takes the
     /// whole image. Stores the plan does not mention are returned unchanged.
     pub fn apply_to(&self, listings: &[StoreListing]) -> Vec<StoreListing> {
-        let plans: HashMap<&StoreId, &StorePlan> = self
-            .stores
-            .iter()
-            .map(|store| (&store.store, store))
-            .collect();
+        let plans: HashMap<&StoreId, &StorePlan> = self.stores.iter().map(|store| (&store.store, store)).collect();
         listings
             .iter()
             .map(|listing| {
@@ -220,9 +216,7 @@ fn apply_store(store_plan: &StorePlan, images: &mut Vec<ListedImage>) {
             return false;
         }
         let before = image.refs.len();
-        image
-            .refs
-            .retain(|raw| !refs.contains(&(image.id.as_str(), raw.as_str())));
+        image.refs.retain(|raw| !refs.contains(&(image.id.as_str(), raw.as_str())));
         // A dangling image that lost nothing is still there; one whose last ref went is not.
         !(image.refs.is_empty() && before > 0)
     });

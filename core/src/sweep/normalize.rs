@@ -31,9 +31,7 @@ const IMPORT_PREFIX: &str = "import-";
 // the hot loop of a 100k-image sweep. A test below holds the two to the same answer on valid refs.
 pub(super) fn normalize(raw: &str) -> NormRef {
     if is_id_ref(raw) {
-        return NormRef::Alias {
-            digest: raw.to_owned(),
-        };
+        return NormRef::Alias { digest: raw.to_owned() };
     }
     let (name_and_tag, digest) = match raw.split_once('@') {
         Some((name, digest)) => (name, Some(digest)),
@@ -43,9 +41,7 @@ pub(super) fn normalize(raw: &str) -> NormRef {
     let path = familiar_path(name);
     if let (Some(digest), None) = (digest, tag) {
         if is_import_name(path) {
-            return NormRef::Alias {
-                digest: digest.to_owned(),
-            };
+            return NormRef::Alias { digest: digest.to_owned() };
         }
     }
     let mut canonical = String::with_capacity(path.len() + 16 + digest.map_or(0, str::len));
@@ -63,20 +59,13 @@ pub(super) fn normalize(raw: &str) -> NormRef {
         canonical.push('@');
         canonical.push_str(digest);
     }
-    NormRef::Named {
-        canonical,
-        digest: digest.map(str::to_owned),
-    }
+    NormRef::Named { canonical, digest: digest.map(str::to_owned) }
 }
 
 /// `sha256:` followed by exactly 64 lowercase hex digits: how containerd spells an image id as a ref.
 fn is_id_ref(raw: &str) -> bool {
-    raw.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
+    raw.strip_prefix("sha256:")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 /// Splits `name[:tag]`; a colon before the last `/` is a registry port, not a tag.
@@ -112,16 +101,13 @@ fn familiar_path(name: &str) -> &str {
 /// Docker's rule for the first path component: a domain has a dot, a port, is `localhost`, or
 /// has an uppercase letter (which a repository path may not).
 fn is_domain(first: &str) -> bool {
-    first.contains(['.', ':'])
-        || first == "localhost"
-        || first.bytes().any(|b| b.is_ascii_uppercase())
+    first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// `import-2026-11-29`: the name `ctr images import` gives an image it was handed without one.
 fn is_import_name(path: &str) -> bool {
-    path.strip_prefix(IMPORT_PREFIX).is_some_and(|date| {
-        !date.is_empty() && date.bytes().all(|b| b.is_ascii_digit() || b == b'-')
-    })
+    path.strip_prefix(IMPORT_PREFIX)
+        .is_some_and(|date| !date.is_empty() && date.bytes().all(|b| b.is_ascii_digit() || b == b'-'))
 }
 
 #[cfg(test)]
@@ -139,14 +125,9 @@ mod tests {
 
     #[test]
     fn hub_spellings_meet_on_the_short_name() {
-        for raw in [
-            "x",
-            "x:latest",
-            "library/x",
-            "docker.io/x",
-            "docker.io/library/x:latest",
-            "index.docker.io/library/x",
-        ] {
+        for raw in
+            ["x", "x:latest", "library/x", "docker.io/x", "docker.io/library/x:latest", "index.docker.io/library/x"]
+        {
             assert_eq!(canonical(raw), "x:latest", "{raw}");
         }
         assert_eq!(canonical("docker.io/team/y:t"), "team/y:t");
@@ -157,10 +138,7 @@ mod tests {
     #[test]
     fn other_registries_keep_their_domain_and_port() {
         assert_eq!(canonical("localhost:5000/x"), "localhost:5000/x:latest");
-        assert_eq!(
-            canonical("reg.example.com/library/x:t"),
-            "reg.example.com/library/x:t"
-        );
+        assert_eq!(canonical("reg.example.com/library/x:t"), "reg.example.com/library/x:t");
         assert_eq!(canonical("localhost/x:t"), "localhost/x:t");
     }
 
@@ -169,15 +147,9 @@ mod tests {
         let pinned = format!("docker.io/library/envoy:v1.31@sha256:{HEX}");
         assert_eq!(
             normalize(&pinned),
-            NormRef::Named {
-                canonical: format!("envoy:v1.31@sha256:{HEX}"),
-                digest: Some(format!("sha256:{HEX}")),
-            }
+            NormRef::Named { canonical: format!("envoy:v1.31@sha256:{HEX}"), digest: Some(format!("sha256:{HEX}")) }
         );
-        assert_eq!(
-            canonical(&format!("x@sha256:{HEX}")),
-            format!("x@sha256:{HEX}")
-        );
+        assert_eq!(canonical(&format!("x@sha256:{HEX}")), format!("x@sha256:{HEX}"));
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::normalize::{normalize, NormRef};
 use super::{
-    KeptWhole, ListedImage, Plan, Policy, Removal, RemovalMode, RemovalTarget, Roots, StoreKind,
-    StoreListing, StorePlan, KIND_SHARED, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND, UNOWNED,
+    KeptWhole, ListedImage, Plan, Policy, Removal, RemovalMode, RemovalTarget, Roots, StoreKind, StoreListing,
+    StorePlan, KIND_SHARED, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND, UNOWNED,
 };
 
 /// Plans the sweep of every listed store. See DESIGN.md "Reachability" for the rules; in short:
@@ -36,11 +36,7 @@ pub fn plan(listings: &[StoreListing], roots: &Roots, policy: &Policy) -> Plan {
             // the new record propagates; on a plain build host nothing runs, so it is scratch.
             let gets_grace = listing.kind == StoreKind::Node || listing.runs_workloads;
             let keep = Keep {
-                sets: if gets_grace {
-                    vec![&everywhere, &grace, &workloads]
-                } else {
-                    vec![&everywhere, &workloads]
-                },
+                sets: if gets_grace { vec![&everywhere, &grace, &workloads] } else { vec![&everywhere, &workloads] },
             };
             plan_store(listing, &keep, policy)
         })
@@ -120,11 +116,7 @@ fn judge<'a>(image: &'a ListedImage, keep: &Keep<'_>) -> Judged<'a> {
     named.dedup();
     aliases.sort_unstable();
     aliases.dedup();
-    Judged {
-        named,
-        aliases,
-        digest_rooted,
-    }
+    Judged { named, aliases, digest_rooted }
 }
 
 /// Who a candidate belongs to, or `None` when the image is not ours to touch.
@@ -135,23 +127,12 @@ struct Owner<'a> {
 
 fn owner<'a>(image: &'a ListedImage, policy: &Policy) -> Option<Owner<'a>> {
     // An empty kind is how a derived image clears the label it inherited from a Kiln base.
-    let kind = image
-        .labels
-        .get(LABEL_KIND)
-        .filter(|kind| !kind.is_empty())?;
+    let kind = image.labels.get(LABEL_KIND).filter(|kind| !kind.is_empty())?;
     if image.labels.get(LABEL_FARM) != Some(&policy.farm) {
         return None;
     }
-    let instance = image
-        .labels
-        .get(LABEL_INSTANCE)
-        .map(String::as_str)
-        .filter(|instance| !instance.is_empty());
-    let bucket = if kind == KIND_SHARED {
-        KIND_SHARED
-    } else {
-        instance.unwrap_or(UNOWNED)
-    };
+    let instance = image.labels.get(LABEL_INSTANCE).map(String::as_str).filter(|instance| !instance.is_empty());
+    let bucket = if kind == KIND_SHARED { KIND_SHARED } else { instance.unwrap_or(UNOWNED) };
     Some(Owner { instance, bucket })
 }
 
@@ -172,12 +153,7 @@ fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> Store
             // Its names cost no bytes and a digest-pinned pull may resolve through them.
             continue;
         }
-        let garbage: Vec<&str> = judged
-            .named
-            .iter()
-            .filter(|(_, kept)| !kept)
-            .map(|(raw, _)| *raw)
-            .collect();
+        let garbage: Vec<&str> = judged.named.iter().filter(|(_, kept)| !kept).map(|(raw, _)| *raw).collect();
         let all_garbage = garbage.len() == judged.named.len();
         let removal = |target: RemovalTarget, frees: bool| Removal {
             target,
@@ -193,19 +169,14 @@ fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> Store
                     let kept_by = judged.named.iter().find(|(_, kept)| *kept);
                     kept_whole.push(KeptWhole {
                         id: image.id.clone(),
-                        kept_by: kept_by
-                            .map(|(raw, _)| (*raw).to_owned())
-                            .unwrap_or_default(),
+                        kept_by: kept_by.map(|(raw, _)| (*raw).to_owned()).unwrap_or_default(),
                         garbage_refs: garbage.iter().map(|raw| (*raw).to_owned()).collect(),
                     });
                 }
                 Vec::new()
             } else {
                 // The aliases stay: a kept name still needs the content they hold.
-                garbage
-                    .iter()
-                    .map(|raw| removal(RemovalTarget::Ref((*raw).to_owned()), false))
-                    .collect()
+                garbage.iter().map(|raw| removal(RemovalTarget::Ref((*raw).to_owned()), false)).collect()
             }
         } else if per_id || (judged.named.is_empty() && judged.aliases.is_empty()) {
             // CRI removes by id; a host image with no tags at all can only be named by its id.
@@ -213,12 +184,8 @@ fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> Store
         } else {
             // Names first, aliases last: on containerd the content is released with the last ref,
             // and kind's `import-*` ref is the one CRI never shows.
-            let every_ref: Vec<&str> = judged
-                .named
-                .iter()
-                .map(|(raw, _)| *raw)
-                .chain(judged.aliases.iter().copied())
-                .collect();
+            let every_ref: Vec<&str> =
+                judged.named.iter().map(|(raw, _)| *raw).chain(judged.aliases.iter().copied()).collect();
             let last = every_ref.len() - 1;
             every_ref
                 .iter()
@@ -229,9 +196,7 @@ fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> Store
 
         if group.iter().any(|removal| removal.frees) {
             freed_bytes += image.bytes;
-            *freed_by_instance
-                .entry(owner.bucket.to_owned())
-                .or_default() += image.bytes;
+            *freed_by_instance.entry(owner.bucket.to_owned()).or_default() += image.bytes;
         }
         if !group.is_empty() {
             groups.push(group);

@@ -33,39 +33,20 @@ fn image(n: u8, refs: &[&str], bytes: u64) -> ListedImage {
     }
 }
 
-fn store(
-    name: &str,
-    kind: StoreKind,
-    removal: RemovalMode,
-    images: Vec<ListedImage>,
-) -> StoreListing {
-    StoreListing {
-        store: StoreId(name.to_owned()),
-        kind,
-        removal,
-        runs_workloads: false,
-        images,
-    }
+fn store(name: &str, kind: StoreKind, removal: RemovalMode, images: Vec<ListedImage>) -> StoreListing {
+    StoreListing { store: StoreId(name.to_owned()), kind, removal, runs_workloads: false, images }
 }
 
 fn policy() -> Policy {
-    Policy {
-        farm: FARM.to_owned(),
-    }
+    Policy { farm: FARM.to_owned() }
 }
 
 fn claims(refs: &[&str]) -> Roots {
-    Roots {
-        claims: refs.iter().map(|r| (*r).to_owned()).collect(),
-        ..Roots::default()
-    }
+    Roots { claims: refs.iter().map(|r| (*r).to_owned()).collect(), ..Roots::default() }
 }
 
 fn targets(plan: &StorePlan) -> Vec<(RemovalTarget, bool)> {
-    plan.removals
-        .iter()
-        .map(|removal| (removal.target.clone(), removal.frees))
-        .collect()
+    plan.removals.iter().map(|removal| (removal.target.clone(), removal.frees)).collect()
 }
 
 fn r(raw: &str) -> RemovalTarget {
@@ -78,11 +59,7 @@ fn a_mixed_id_on_a_cri_store_is_kept_whole_and_reported() {
         "node-1",
         StoreKind::Node,
         RemovalMode::PerId,
-        vec![image(
-            1,
-            &["docker.io/library/api:new", "docker.io/library/api:old"],
-            100,
-        )],
+        vec![image(1, &["docker.io/library/api:new", "docker.io/library/api:old"], 100)],
     );
     let plan = plan(&[node], &claims(&["api:new"]), &policy());
     let store = &plan.stores[0];
@@ -104,22 +81,12 @@ fn an_all_garbage_id_on_a_cri_store_goes_as_one_removal_by_id() {
         "node-1",
         StoreKind::Node,
         RemovalMode::PerId,
-        vec![image(
-            1,
-            &["docker.io/library/api:old", "docker.io/library/api:older"],
-            100,
-        )],
+        vec![image(1, &["docker.io/library/api:old", "docker.io/library/api:older"], 100)],
     );
     let plan = plan(&[node], &Roots::default(), &policy());
-    assert_eq!(
-        targets(&plan.stores[0]),
-        vec![(RemovalTarget::Id(id(1)), true)]
-    );
+    assert_eq!(targets(&plan.stores[0]), vec![(RemovalTarget::Id(id(1)), true)]);
     assert_eq!(plan.stores[0].freed_bytes, 100);
-    assert_eq!(
-        plan.stores[0].freed_by_instance,
-        BTreeMap::from([("shop".to_owned(), 100)])
-    );
+    assert_eq!(plan.stores[0].freed_by_instance, BTreeMap::from([("shop".to_owned(), 100)]));
 }
 
 #[test]
@@ -130,20 +97,12 @@ fn the_import_alias_goes_last_with_its_named_ref() {
         "node-1",
         StoreKind::Node,
         RemovalMode::PerRef,
-        vec![image(
-            1,
-            &[&import, "docker.io/library/api:old", &id_ref],
-            100,
-        )],
+        vec![image(1, &[&import, "docker.io/library/api:old", &id_ref], 100)],
     );
     let plan = plan(&[node], &Roots::default(), &policy());
     assert_eq!(
         targets(&plan.stores[0]),
-        vec![
-            (r("docker.io/library/api:old"), false),
-            (r(&import), false),
-            (r(&id_ref), true),
-        ]
+        vec![(r("docker.io/library/api:old"), false), (r(&import), false), (r(&id_ref), true),]
     );
     assert_eq!(plan.stores[0].removals[2].bytes, 100);
 }
@@ -155,43 +114,21 @@ fn aliases_stay_while_a_named_ref_of_their_id_is_kept() {
         "node-1",
         StoreKind::Node,
         RemovalMode::PerRef,
-        vec![image(
-            1,
-            &[
-                &import,
-                "docker.io/library/api:new",
-                "docker.io/library/api:old",
-            ],
-            100,
-        )],
+        vec![image(1, &[&import, "docker.io/library/api:new", "docker.io/library/api:old"], 100)],
     );
     let plan = plan(&[node], &claims(&["docker.io/library/api:new"]), &policy());
-    assert_eq!(
-        targets(&plan.stores[0]),
-        vec![(r("docker.io/library/api:old"), false)]
-    );
+    assert_eq!(targets(&plan.stores[0]), vec![(r("docker.io/library/api:old"), false)]);
     assert_eq!(plan.stores[0].freed_bytes, 0);
 }
 
 #[test]
 fn a_dangling_host_image_is_removed_by_id_unless_its_id_is_a_root() {
-    let host = store(
-        "host",
-        StoreKind::Host,
-        RemovalMode::PerRef,
-        vec![image(1, &[], 70)],
-    );
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &[], 70)]);
     let swept = plan(std::slice::from_ref(&host), &Roots::default(), &policy());
-    assert_eq!(
-        targets(&swept.stores[0]),
-        vec![(RemovalTarget::Id(id(1)), true)]
-    );
+    assert_eq!(targets(&swept.stores[0]), vec![(RemovalTarget::Id(id(1)), true)]);
     assert_eq!(swept.stores[0].freed_bytes, 70);
 
-    let used = Roots {
-        workloads: BTreeMap::from([(StoreId("host".to_owned()), vec![id(1)])]),
-        ..Roots::default()
-    };
+    let used = Roots { workloads: BTreeMap::from([(StoreId("host".to_owned()), vec![id(1)])]), ..Roots::default() };
     assert!(plan(&[host], &used, &policy()).is_empty());
 }
 
@@ -200,12 +137,7 @@ fn a_digest_root_keeps_the_image_whatever_its_names() {
     let pinned = image(1, &["api:old", "api:older"], 100);
     let digest = pinned.digests[0].clone();
     let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![pinned]);
-    for root in [
-        format!("other/name@{digest}"),
-        digest.clone(),
-        id(1),
-        format!("api:t@{}", id(1)),
-    ] {
+    for root in [format!("other/name@{digest}"), digest.clone(), id(1), format!("api:t@{}", id(1))] {
         let plan = plan(std::slice::from_ref(&host), &claims(&[&root]), &policy());
         assert!(plan.is_empty(), "{root} did not keep the image: {plan:?}");
     }
@@ -228,11 +160,8 @@ fn the_previous_generation_is_grace_only_where_images_run() {
     let node = store("node", StoreKind::Node, RemovalMode::PerRef, images());
 
     let plan = plan(&[node, local, host], &roots, &policy());
-    let by_store: BTreeMap<&str, Vec<(RemovalTarget, bool)>> = plan
-        .stores
-        .iter()
-        .map(|store| (store.store.0.as_str(), targets(store)))
-        .collect();
+    let by_store: BTreeMap<&str, Vec<(RemovalTarget, bool)>> =
+        plan.stores.iter().map(|store| (store.store.0.as_str(), targets(store))).collect();
     assert_eq!(by_store["host"], vec![(r("api:old"), true)]);
     assert!(by_store["local"].is_empty());
     assert!(by_store["node"].is_empty());
@@ -241,31 +170,19 @@ fn the_previous_generation_is_grace_only_where_images_run() {
 #[test]
 fn only_this_farms_labeled_images_are_candidates() {
     let mut other_farm = image(1, &["api:a"], 1);
-    other_farm
-        .labels
-        .insert(LABEL_FARM.to_owned(), "farm-b".to_owned());
+    other_farm.labels.insert(LABEL_FARM.to_owned(), "farm-b".to_owned());
     let mut unlabeled = image(2, &["api:b"], 1);
     unlabeled.labels.clear();
     let mut cleared = image(3, &["api:c"], 1);
     cleared.labels.insert(LABEL_KIND.to_owned(), String::new());
     let mut shared = image(4, &["base:d"], 5);
-    shared
-        .labels
-        .insert(LABEL_KIND.to_owned(), KIND_SHARED.to_owned());
+    shared.labels.insert(LABEL_KIND.to_owned(), KIND_SHARED.to_owned());
     shared.labels.remove(LABEL_INSTANCE);
-    let host = store(
-        "host",
-        StoreKind::Host,
-        RemovalMode::PerRef,
-        vec![other_farm, unlabeled, cleared, shared],
-    );
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![other_farm, unlabeled, cleared, shared]);
     let plan = plan(&[host], &Roots::default(), &policy());
     assert_eq!(targets(&plan.stores[0]), vec![(r("base:d"), true)]);
     assert_eq!(plan.stores[0].removals[0].instance, None);
-    assert_eq!(
-        plan.stores[0].freed_by_instance,
-        BTreeMap::from([(KIND_SHARED.to_owned(), 5)])
-    );
+    assert_eq!(plan.stores[0].freed_by_instance, BTreeMap::from([(KIND_SHARED.to_owned(), 5)]));
 }
 
 #[test]
@@ -274,10 +191,7 @@ fn workloads_keep_only_on_their_own_store() {
     let a = store("a", StoreKind::Host, RemovalMode::PerRef, images());
     let b = store("b", StoreKind::Host, RemovalMode::PerRef, images());
     let roots = Roots {
-        workloads: BTreeMap::from([(
-            StoreId("a".to_owned()),
-            vec!["docker.io/library/api:t".to_owned()],
-        )]),
+        workloads: BTreeMap::from([(StoreId("a".to_owned()), vec!["docker.io/library/api:t".to_owned()])]),
         ..Roots::default()
     };
     let plan = plan(&[b, a], &roots, &policy());
@@ -292,10 +206,7 @@ fn applying_a_plan_drops_removed_refs_and_emptied_images() {
         "host",
         StoreKind::Host,
         RemovalMode::PerRef,
-        vec![
-            image(1, &["api:new", "api:old"], 10),
-            image(2, &["api:gone"], 20),
-        ],
+        vec![image(1, &["api:new", "api:old"], 10), image(2, &["api:gone"], 20)],
     )];
     let plan = plan(&listings, &claims(&["api:new"]), &policy());
     let after = plan.apply_to(&listings);

@@ -7,7 +7,7 @@
 
 use crate::util::{self, Contestant};
 use anyhow::{bail, Context, Result};
-use kiln_core::digest::{digest_dir, WalkOptions};
+use kiln_core::digest::{digest_dir, TreeDigest, WalkOptions};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -77,12 +77,17 @@ fn generate_small(root: &Path, files: usize, size: usize) -> Result<()> {
     Ok(())
 }
 
-fn time_kiln(root: &Path) -> Result<Duration> {
+/// Times one in-process digest and checks it against the first one: a digest that varied from
+/// run to run would make the timing meaningless.
+fn time_kiln(root: &Path, expected: TreeDigest) -> Result<Duration> {
     let started = Instant::now();
     let (tree, digest) =
         digest_dir(root, &WalkOptions::default()).with_context(|| format!("digesting {}", root.display()))?;
     let took = started.elapsed();
-    std::hint::black_box((tree.entries.len(), digest));
+    std::hint::black_box(tree.entries.len());
+    if digest != expected {
+        bail!("digest of {} changed between runs: {expected} then {digest}", root.display());
+    }
     Ok(took)
 }
 
@@ -107,7 +112,7 @@ fn small_files(root: &Path, node: &Path, script: &Path, runs: usize, cold: bool)
     eprintln!("small files, {label}: kiln digest {digest}");
     let pipeline = format!("cd '{}' && find . -type f -print0 | sort -z | xargs -0 cat > /dev/null", root.display());
     let mut contestants = vec![
-        Contestant::new("kiln digest_dir", || time_kiln(root)),
+        Contestant::new("kiln digest_dir", || time_kiln(root, digest)),
         Contestant::new("(a) find | sort | xargs cat", || {
             util::time_command(Command::new("sh").arg("-c").arg(&pipeline))
         }),
@@ -116,6 +121,7 @@ fn small_files(root: &Path, node: &Path, script: &Path, runs: usize, cold: bool)
     let warmup = if cold { 0 } else { 1 };
     util::rounds(&mut contestants, runs, warmup, || if cold { util::drop_caches() } else { Ok(()) })?;
     util::print_table(&format!("Small files, {label}"), &contestants);
+    println!("\nKiln's digest of the tree: `{digest}` ({label}, same every run).");
     let kiln = contestants[0].median();
     let vs_a = util::speedup(contestants[1].median(), kiln);
     let vs_b = util::speedup(contestants[2].median(), kiln);
@@ -142,13 +148,13 @@ fn big_file(scratch: &Path, gib: u64, runs: usize) -> Result<()> {
     let (_, digest) = digest_dir(&dir, &WalkOptions::default())?;
     eprintln!("one big file: kiln digest {digest}");
     let mut contestants = vec![
-        Contestant::new("kiln digest_dir", || time_kiln(&dir)),
+        Contestant::new("kiln digest_dir", || time_kiln(&dir, digest)),
         Contestant::new("b3sum FILE", || util::time_command(Command::new(&b3sum).arg(&file))),
     ];
     util::rounds(&mut contestants, runs, 1, || Ok(()))?;
     util::print_table(&format!("One {gib} GiB file, warm page cache"), &contestants);
     let vs = util::speedup(contestants[1].median(), contestants[0].median());
-    println!();
+    println!("\nKiln's digest of the directory: `{digest}`.");
     util::goal("big file: Kiln vs b3sum", vs, 0.8);
     Ok(())
 }

@@ -101,11 +101,20 @@ pub struct Entry {
     pub link_target: Vec<u8>,
 }
 
+/// How many buffered stream bytes [`StreamHasher`] collects before hashing them.
+const PENDING_FLUSH: usize = 256 << 10;
+
 /// Encodes the canonical entry stream into blake3. Callers must present entries in strictly
 /// increasing byte order of path; [`StreamHasher::check_order`] enforces it for untrusted input.
 #[derive(Debug)]
 pub struct StreamHasher {
     hasher: blake3::Hasher,
+    /// Stream bytes not yet given to blake3. Entries of a few bytes or KiB would land at odd
+    /// offsets of the stream, where blake3 compresses one 64-byte block at a time; handing it
+    /// [`PENDING_FLUSH`] bytes at once lets it hash many chunks at once with SIMD (on a tree of
+    /// 4 KiB files, hashing went from ~28% to ~7% of the digest's CPU time). Buffering changes
+    /// when bytes are hashed, never which bytes.
+    pending: Vec<u8>,
     last_path: Option<Vec<u8>>,
     /// Bytes of file content still owed by the entry in progress.
     owed: u64,
@@ -119,7 +128,7 @@ impl Default for StreamHasher {
 
 impl StreamHasher {
     pub fn new() -> Self {
-        StreamHasher { hasher: blake3::Hasher::new(), last_path: None, owed: 0 }
+        StreamHasher { hasher: blake3::Hasher::new(), pending: Vec::new(), last_path: None, owed: 0 }
     }
 
     /// Refuses an entry that is not strictly after the previous one: a reordered or repeated entry
@@ -136,10 +145,39 @@ impl StreamHasher {
 
     fn header(&mut self, kind: EntryKind, path: &[u8]) {
         assert_eq!(self.owed, 0, "previous file's content was not fully hashed");
-        self.hasher.update(&[kind.type_byte()]);
-        self.hasher.update(&(path.len() as u64).to_le_bytes());
-        self.hasher.update(path);
-        self.last_path = Some(path.to_vec());
+        self.push(&[kind.type_byte()]);
+        self.push(&(path.len() as u64).to_le_bytes());
+        self.push(path);
+        match &mut self.last_path {
+            Some(last) => {
+                last.clear();
+                last.extend_from_slice(path);
+            }
+            None => self.last_path = Some(path.to_vec()),
+        }
+    }
+
+    /// Appends stream bytes; slices of 1 MiB or more go straight to blake3's multi-threaded path.
+    fn push(&mut self, bytes: &[u8]) {
+        if bytes.len() >= 1 << 20 {
+            self.flush();
+            self.hasher.update_rayon(bytes);
+            return;
+        }
+        if self.pending.capacity() == 0 {
+            self.pending.reserve(PENDING_FLUSH + (1 << 20));
+        }
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= PENDING_FLUSH {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            self.hasher.update(&self.pending);
+            self.pending.clear();
+        }
     }
 
     pub fn dir(&mut self, path: &[u8]) {
@@ -148,15 +186,15 @@ impl StreamHasher {
 
     pub fn symlink(&mut self, path: &[u8], target: &[u8]) {
         self.header(EntryKind::Symlink, path);
-        self.hasher.update(&(target.len() as u64).to_le_bytes());
-        self.hasher.update(target);
+        self.push(&(target.len() as u64).to_le_bytes());
+        self.push(target);
     }
 
     /// Starts a file entry of `len` bytes; its content follows through [`StreamHasher::content`].
     pub fn file(&mut self, path: &[u8], executable: bool, len: u64) {
         let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
         self.header(kind, path);
-        self.hasher.update(&len.to_le_bytes());
+        self.push(&len.to_le_bytes());
         self.owed = len;
     }
 
@@ -164,11 +202,7 @@ impl StreamHasher {
     pub fn content(&mut self, bytes: &[u8]) {
         assert!(bytes.len() as u64 <= self.owed, "file content longer than declared");
         self.owed -= bytes.len() as u64;
-        if bytes.len() >= 1 << 20 {
-            self.hasher.update_rayon(bytes);
-        } else {
-            self.hasher.update(bytes);
-        }
+        self.push(bytes);
     }
 
     /// Bytes of the current file entry not yet hashed.
@@ -185,6 +219,7 @@ impl StreamHasher {
         on_disk: &std::path::Path,
     ) -> std::io::Result<()> {
         self.file(path, executable, len);
+        self.flush();
         let before = self.hasher.count();
         self.hasher.update_mmap_rayon(on_disk)?;
         let read = self.hasher.count() - before;
@@ -195,8 +230,9 @@ impl StreamHasher {
         Ok(())
     }
 
-    pub fn finish(self) -> TreeDigest {
+    pub fn finish(mut self) -> TreeDigest {
         assert_eq!(self.owed, 0, "last file's content was not fully hashed");
+        self.flush();
         TreeDigest(*self.hasher.finalize().as_bytes())
     }
 }

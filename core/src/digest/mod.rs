@@ -254,8 +254,8 @@ pub enum DigestError {
         #[source]
         err: std::io::Error,
     },
-    #[error("context {root}: symlink {path} points outside the context ({target}) — make it relative and inside")]
-    SymlinkEscapes { root: PathBuf, path: String, target: String },
+    #[error("context {root}: symlink {path} -> {target}: {why} — make it relative and inside the context")]
+    SymlinkEscapes { root: PathBuf, path: String, target: String, why: &'static str },
     #[error("context {root}: {path} is a {what}, which cannot be part of a build context — remove it or add it to .dockerignore")]
     SpecialFile { root: PathBuf, path: String, what: &'static str },
     #[error("context {root}: .dockerignore is invalid")]
@@ -272,4 +272,57 @@ pub enum DigestError {
         #[source]
         err: OrderError,
     },
+}
+
+/// The one rule for symlinks in a context, shared by the walk (which refuses to address such a
+/// tree) and the archive reader (which refuses to unpack one): the target is relative, climbs first
+/// (`../..`) without leaving the root, and then only descends. A `..` after a name could climb out
+/// of a directory reached through another link, which lexical resolution cannot see, so it is
+/// refused rather than resolved.
+pub fn check_link_target(path: &[u8], target: &[u8]) -> Result<(), &'static str> {
+    if target.is_empty() {
+        return Err("the target is empty");
+    }
+    if target.starts_with(b"/") {
+        return Err("the target is absolute");
+    }
+    let mut depth: usize = path.split(|&b| b == b'/').count() - 1;
+    let mut descending = false;
+    for part in target.split(|&b| b == b'/') {
+        match part {
+            b"" | b"." => {}
+            b".." if descending => return Err("the target climbs (`..`) after naming a directory; write it as ../x/y"),
+            b".." => depth = depth.checked_sub(1).ok_or("the target points outside the root")?,
+            _ => descending = true,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::check_link_target as check;
+
+    #[test]
+    fn links_are_judged_from_their_own_directory() {
+        assert!(check(b"a/b/l", b"../c").is_ok());
+        assert!(check(b"a/b/l", b"../../c").is_ok());
+        assert!(check(b"a/l", b"./b/./c").is_ok());
+        assert!(check(b"l", b"a//b").is_ok());
+        assert!(check(b"a/b/l", b"../../../c").is_err());
+        assert!(check(b"l", b"..").is_err());
+        assert!(check(b"l", b"../x").is_err());
+        assert!(check(b"l", b"/etc/passwd").is_err());
+        assert!(check(b"l", b"").is_err());
+        // Climbing out and back in by name still left the root on the way.
+        assert!(check(b"a/l", b"../../ctx/a").is_err());
+    }
+
+    #[test]
+    fn a_climb_after_a_name_is_refused() {
+        // `up` may itself be a link to `..`: `up/../x` would then leave the root.
+        assert!(check(b"d/l", b"up/../x").is_err());
+        assert!(check(b"l", b"x/../../y").is_err());
+        assert!(check(b"a/l", b"./b/./../c").is_err());
+    }
 }

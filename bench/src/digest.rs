@@ -62,7 +62,7 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn generate_small(root: &Path, files: usize, size: usize) -> Result<()> {
+pub(crate) fn generate_small(root: &Path, files: usize, size: usize) -> Result<()> {
     let mut rng = fastrand::Rng::with_seed(0x6b696c6e);
     let mut buf = vec![0u8; size];
     for i in 0..files {

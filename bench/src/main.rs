@@ -4,6 +4,7 @@
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
 mod digest;
+mod pack;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -19,10 +20,13 @@ struct Cli {
 enum Bench {
     /// Tree digest: small files (warm, optionally cold) vs cat and a Node hash; a big file vs b3sum.
     Digest(digest::Args),
+    /// Archive pack of a small-file tree vs `tar --sort=name`.
+    Pack(pack::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Bench::Digest(args) => digest::run(&args),
+        Bench::Pack(args) => pack::run(&args),
     }
 }

@@ -11,10 +11,12 @@
 //!   ever writing outside its target, digest re-checked.
 //! - [`seal`] — strips where-and-when records from a staged tree before it is hashed.
 //! - [`sweep`] — the reachability planner: listings + roots + policy → removals. Property-tested.
+//! - [`farm`] — the farm id every image Kiln builds is labeled with.
 //! - [`retry`] — the capped backoff ladder every cross-process call uses.
 
 pub mod archive;
 pub mod digest;
+pub mod farm;
 pub mod ignore;
 pub mod manifest;
 pub mod refs;

@@ -230,3 +230,24 @@ fn repeated_or_reordered_entries_are_refused() {
 fn a_file_under_a_file_is_refused() {
     assert_refused(Hostile::new().file("a", "1").file("a/b", "2").done(), "parent is a file");
 }
+
+#[test]
+fn verify_applies_the_same_checks_without_writing() {
+    let a = TempDir::new().unwrap();
+    sample_tree(a.path());
+    let (bytes, digest) = packed_bytes(a.path());
+    let done = kiln_core::archive::verify(&bytes[..], &digest).unwrap();
+    assert_eq!(done.digest, digest);
+    let other = TreeDigest([1u8; 32]);
+    let err = kiln_core::archive::verify(&bytes[..], &other).unwrap_err();
+    assert!(matches!(err, ArchiveError::DigestMismatch { .. }), "{err}");
+    let through_link = Hostile::new()
+        .entry(b"real/", tar::EntryType::Directory, b"", b"")
+        .entry(b"sub", tar::EntryType::Symlink, b"real", b"")
+        .file("sub/x", "through the link")
+        .done();
+    let err = kiln_core::archive::verify(&through_link[..], &digest).unwrap_err();
+    assert!(err.to_string().contains("through a symlink"), "{err}");
+    let escaping = Hostile::new().file("../evil", "x").done();
+    assert!(kiln_core::archive::verify(&escaping[..], &digest).is_err());
+}

@@ -16,7 +16,7 @@
 mod unpack;
 mod ustar;
 
-pub use unpack::{unpack, Unpacked};
+pub use unpack::{unpack, verify, Unpacked};
 
 use crate::digest::{EntryKind, StreamHasher, Tree, TreeDigest};
 use std::ffi::OsStr;

@@ -30,6 +30,22 @@ pub struct Unpacked {
 /// then discards `target`, which holds only what was checked above.
 pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) -> Result<Unpacked, ArchiveError> {
     prepare_target(target)?;
+    read_archive(input, Some(target), expected)
+}
+
+/// Checks an archive exactly as [`unpack`] would — every entry, every path, every link, and the
+/// digest — without writing anything: how the coordinator accepts an upload at stream speed.
+pub fn verify(input: impl Read, expected: &TreeDigest) -> Result<Unpacked, ArchiveError> {
+    read_archive(input, None, Some(expected))
+}
+
+/// The one reader behind [`unpack`] and [`verify`]; with no `target` it creates nothing.
+fn read_archive(
+    input: impl Read,
+    target: Option<&Path>,
+    expected: Option<&TreeDigest>,
+) -> Result<Unpacked, ArchiveError> {
+    let shown_target = target.unwrap_or(Path::new("<verify>"));
     let mut archive = tar::Archive::new(input);
     let mut created: HashMap<Vec<u8>, EntryKind> = HashMap::new();
     let mut hasher = StreamHasher::new();
@@ -62,30 +78,41 @@ pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) ->
         hasher.check_order(&path).map_err(|e| refuse(&e.to_string()))?;
         ensure_parents(target, &path, &mut created).map_err(|r| match r {
             ParentError::Refused(why) => refuse(why),
-            ParentError::Io(err) => create_err(target, &raw, err),
+            ParentError::Io(err) => create_err(shown_target, &raw, err),
         })?;
-        let dest = target.join(OsStr::from_bytes(&path));
+        let dest = target.map(|t| t.join(OsStr::from_bytes(&path)));
+        let target = shown_target;
         match kind {
             EntryKind::Dir => {
-                fs::create_dir(&dest).map_err(|e| create_err(target, &raw, e))?;
+                if let Some(dest) = &dest {
+                    fs::create_dir(dest).map_err(|e| create_err(target, &raw, e))?;
+                }
                 hasher.dir(&path);
             }
             EntryKind::Symlink => {
                 let link = entry.link_name_bytes().map(|l| l.into_owned()).unwrap_or_default();
                 check_link_target(&path, &link).map_err(&refuse)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&link), &dest).map_err(|e| create_err(target, &raw, e))?;
+                if let Some(dest) = &dest {
+                    std::os::unix::fs::symlink(OsStr::from_bytes(&link), dest)
+                        .map_err(|e| create_err(target, &raw, e))?;
+                }
                 hasher.symlink(&path, &link);
             }
             EntryKind::File | EntryKind::ExecFile => {
                 let exec = kind == EntryKind::ExecFile;
                 let size = entry.size();
-                let mut file = OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .mode(0o600)
-                    .open(&dest)
-                    .map_err(|e| create_err(target, &raw, e))?;
+                let mut file = match &dest {
+                    Some(dest) => Some(
+                        OpenOptions::new()
+                            .write(true)
+                            .create_new(true)
+                            .custom_flags(libc::O_NOFOLLOW)
+                            .mode(0o600)
+                            .open(dest)
+                            .map_err(|e| create_err(target, &raw, e))?,
+                    ),
+                    None => None,
+                };
                 hasher.file(&path, exec, size);
                 loop {
                     let n = entry.read(&mut buf).map_err(ArchiveError::Corrupt)?;
@@ -93,13 +120,17 @@ pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) ->
                         break;
                     }
                     hasher.content(&buf[..n]);
-                    file.write_all(&buf[..n]).map_err(|e| create_err(target, &raw, e))?;
+                    if let Some(file) = &mut file {
+                        file.write_all(&buf[..n]).map_err(|e| create_err(target, &raw, e))?;
+                    }
                 }
                 if hasher.owed() != 0 {
                     return Err(refuse("content is shorter than its header says"));
                 }
-                let mode = if exec { 0o755 } else { 0o644 };
-                file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| create_err(target, &raw, e))?;
+                if let Some(file) = &file {
+                    let mode = if exec { 0o755 } else { 0o644 };
+                    file.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| create_err(target, &raw, e))?;
+                }
                 stats.1 += size;
             }
         }
@@ -166,7 +197,11 @@ enum ParentError {
 
 /// Makes sure every parent of `path` is a directory this unpack created, creating missing ones
 /// (Docker's walk leaves out an excluded directory whose excepted children it still sends).
-fn ensure_parents(target: &Path, path: &[u8], created: &mut HashMap<Vec<u8>, EntryKind>) -> Result<(), ParentError> {
+fn ensure_parents(
+    target: Option<&Path>,
+    path: &[u8],
+    created: &mut HashMap<Vec<u8>, EntryKind>,
+) -> Result<(), ParentError> {
     let mut end = 0;
     while let Some(pos) = path[end..].iter().position(|&b| b == b'/') {
         let parent = &path[..end + pos];
@@ -175,7 +210,9 @@ fn ensure_parents(target: &Path, path: &[u8], created: &mut HashMap<Vec<u8>, Ent
             Some(EntryKind::Symlink) => return Err(ParentError::Refused("it would be written through a symlink")),
             Some(_) => return Err(ParentError::Refused("its parent is a file")),
             None => {
-                fs::create_dir(target.join(OsStr::from_bytes(parent))).map_err(ParentError::Io)?;
+                if let Some(target) = target {
+                    fs::create_dir(target.join(OsStr::from_bytes(parent))).map_err(ParentError::Io)?;
+                }
                 created.insert(parent.to_vec(), EntryKind::Dir);
             }
         }

@@ -1,0 +1,101 @@
+//! The coordinator's state behind one trait: agents, records by generation, converges and their
+//! events, claims, the context index and store inventories (DESIGN.md "Where state lives").
+//! [`SqliteStore`] is the embedded default; a PostgreSQL backend will implement the same [`Store`],
+//! so the trait speaks only in [`crate::model`] types and the SQL stays plain.
+//!
+//! Two promises the converge engine builds on: [`Store::write_record`] is a compare-and-set (a
+//! converge records only if the record is still the generation it started from), and at most one
+//! converge per instance runs at a time ([`Store::open_converge`]). Both hold across processes
+//! sharing one database, not just across tasks of one coordinator.
+
+mod clock;
+mod error;
+mod sqlite;
+
+use async_trait::async_trait;
+
+use crate::model::{
+    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Record,
+    RecordedImage,
+};
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{BoxError, StoreError};
+pub use sqlite::{SqliteStore, SCHEMA_VERSION};
+
+/// The coordinator's state. Held as `Arc<dyn Store>`; every method is one atomic step.
+///
+/// Time: timestamps the store writes (`written_at_ms`, `started_ms`, `finished_ms`, an event's
+/// `at_ms`) come from the [`Clock`] given at open; lease times (`expires_ms`, `now_ms`) are passed by
+/// the caller, who owns the lease policy.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // --- agents
+    /// Inserts the agent or replaces what was known of it.
+    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StoreError>;
+    /// Every agent ever seen, by id.
+    async fn agents(&self) -> Result<Vec<AgentRow>, StoreError>;
+
+    // --- records
+    /// The instance's current record.
+    async fn record(&self, instance: &str) -> Result<Option<Record>, StoreError>;
+    /// The generation the current record replaced (a node store's grace), if kept.
+    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StoreError>;
+    /// Every instance's current record with its previous one, by instance name.
+    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StoreError>;
+    /// Writes a new generation if the current one is still `expected` (the generation this converge
+    /// started from; `None` = there was none); otherwise fails with [`StoreError::RecordMoved`] and
+    /// writes nothing. Generations older than the previous one are pruned.
+    async fn write_record(
+        &self,
+        instance: &str,
+        expected: Option<Generation>,
+        images: Vec<RecordedImage>,
+    ) -> Result<Generation, StoreError>;
+    /// Deletes every generation of the instance's record (`kiln down`). Returns whether one existed.
+    /// The generation counter is kept, so a later record never reuses a number.
+    async fn delete_record(&self, instance: &str) -> Result<bool, StoreError>;
+
+    // --- converges and their events
+    /// Opens a running converge, or fails with [`StoreError::ConvergeRunning`] if the instance has one.
+    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StoreError>;
+    /// Appends an event with the next seq of this converge (gap-free from 1).
+    async fn append_event(
+        &self,
+        converge: &ConvergeId,
+        kind: EventKind,
+        image: Option<&str>,
+        message: &str,
+    ) -> Result<Event, StoreError>;
+    /// The converge's events in seq order, only those after `after_seq` when given.
+    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError>;
+    /// Marks a running converge succeeded or failed. Claims are left alone: release them explicitly,
+    /// or let them expire.
+    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StoreError>;
+    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StoreError>;
+    /// Newest first, at most `limit`, of one instance or of all.
+    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError>;
+    /// At coordinator start: every converge still running is marked failed with `reason`, and a
+    /// `Failed` event saying so is appended. Its claims are left to expire on their lease.
+    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StoreError>;
+
+    // --- claims
+    /// Claims `refs` for a running converge until `expires_ms` (a ref claimed again gets the new expiry).
+    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StoreError>;
+    /// Moves every claim of the converge to `expires_ms`; returns how many it holds.
+    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError>;
+    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StoreError>;
+    /// Claims with `expires_ms > now_ms`; expired ones are dropped on the way.
+    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError>;
+
+    // --- the context index
+    /// The digests of `digests` not in the index, in the order given, each once.
+    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError>;
+    async fn put_context(&self, context: ContextRow) -> Result<(), StoreError>;
+    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StoreError>;
+
+    // --- store inventories
+    /// Replaces the store's last listing.
+    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError>;
+    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError>;
+}

@@ -1,0 +1,114 @@
+//! The plain keyed tables: agents as last seen, the context index and store inventories. Each write
+//! replaces the row it names; none needs more than one statement.
+
+use rusqlite::{Connection, OptionalExtension};
+
+use super::{from_json, to_json, Ctx};
+use crate::model::{AgentId, AgentRole, AgentRow, ContextRow, Inventory};
+use crate::store::StoreError;
+
+pub(super) fn upsert_agent(conn: &mut Connection, agent: &AgentRow) -> Result<(), StoreError> {
+    let what = || format!("saving agent {}", agent.id);
+    let stores = to_json(&agent.stores, what)?;
+    let platforms = to_json(&agent.platforms, what)?;
+    conn.execute(
+        "INSERT INTO agents (id, role, stores, platforms, version, last_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (id) DO UPDATE SET role = excluded.role, stores = excluded.stores, \
+         platforms = excluded.platforms, version = excluded.version, last_seen_ms = excluded.last_seen_ms",
+        (&agent.id.0, agent.role.name(), &stores, &platforms, &agent.version, agent.last_seen_ms),
+    )
+    .ctx(what)?;
+    Ok(())
+}
+
+pub(super) fn agents(conn: &mut Connection) -> Result<Vec<AgentRow>, StoreError> {
+    let what = || "listing agents".to_owned();
+    let mut stmt =
+        conn.prepare("SELECT id, role, stores, platforms, version, last_seen_ms FROM agents ORDER BY id").ctx(what)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, String>(3)?,
+                row.get::<_, String>(4)?,
+                row.get::<_, u64>(5)?,
+            ))
+        })
+        .ctx(what)?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx(what)?;
+    rows.into_iter()
+        .map(|(id, role, stores, platforms, version, last_seen_ms)| {
+            let row_name = || format!("agent {id}");
+            let role = AgentRole::from_name(&role).ok_or_else(|| StoreError::Corrupt {
+                what: row_name(),
+                err: format!("role {role:?} is not host, node or both").into(),
+            })?;
+            let stores = from_json(&stores, row_name)?;
+            let platforms = from_json(&platforms, row_name)?;
+            Ok(AgentRow { id: AgentId(id), role, stores, platforms, version, last_seen_ms })
+        })
+        .collect()
+}
+
+pub(super) fn missing_contexts(conn: &mut Connection, digests: &[String]) -> Result<Vec<String>, StoreError> {
+    let what = || "looking up contexts".to_owned();
+    let mut stmt = conn.prepare_cached("SELECT 1 FROM contexts WHERE digest = ?1").ctx(what)?;
+    let mut missing: Vec<String> = Vec::new();
+    for digest in digests {
+        if missing.contains(digest) {
+            continue;
+        }
+        if !stmt.exists([digest]).ctx(what)? {
+            missing.push(digest.clone());
+        }
+    }
+    Ok(missing)
+}
+
+pub(super) fn put_context(conn: &mut Connection, context: &ContextRow) -> Result<(), StoreError> {
+    let what = || format!("indexing context {}", context.digest);
+    conn.execute(
+        "INSERT INTO contexts (digest, bytes, stored_at_ms) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (digest) DO UPDATE SET bytes = excluded.bytes, stored_at_ms = excluded.stored_at_ms",
+        (&context.digest, context.bytes, context.stored_at_ms),
+    )
+    .ctx(what)?;
+    Ok(())
+}
+
+pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<ContextRow>, StoreError> {
+    let what = || format!("looking up context {digest}");
+    conn.query_row("SELECT digest, bytes, stored_at_ms FROM contexts WHERE digest = ?1", [digest], |row| {
+        Ok(ContextRow { digest: row.get(0)?, bytes: row.get(1)?, stored_at_ms: row.get(2)? })
+    })
+    .optional()
+    .ctx(what)
+}
+
+pub(super) fn put_inventory(
+    conn: &mut Connection,
+    store: &str,
+    listing: &str,
+    listed_ms: u64,
+) -> Result<(), StoreError> {
+    let what = || format!("saving the inventory of store {store}");
+    conn.execute(
+        "INSERT INTO inventories (store, listing, listed_ms) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (store) DO UPDATE SET listing = excluded.listing, listed_ms = excluded.listed_ms",
+        (store, listing, listed_ms),
+    )
+    .ctx(what)?;
+    Ok(())
+}
+
+pub(super) fn inventory(conn: &mut Connection, store: &str) -> Result<Option<Inventory>, StoreError> {
+    let what = || format!("reading the inventory of store {store}");
+    conn.query_row("SELECT store, listing, listed_ms FROM inventories WHERE store = ?1", [store], |row| {
+        Ok(Inventory { store: row.get(0)?, listing_json: row.get(1)?, listed_at_ms: row.get(2)? })
+    })
+    .optional()
+    .ctx(what)
+}

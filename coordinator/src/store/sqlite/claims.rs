@@ -1,0 +1,83 @@
+//! Claims: an in-flight converge's hold on the refs it is about to build or deliver, each a sweep
+//! root until its lease runs out. Only a running converge may claim or renew: claims taken for a
+//! converge that already finished would hold images nobody is going to use.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::converges::state_of;
+use super::Ctx;
+use crate::model::{Claim, ConvergeId, ConvergeState};
+use crate::store::StoreError;
+
+pub(super) fn claim(
+    conn: &mut Connection,
+    id: &ConvergeId,
+    refs: &[String],
+    expires_ms: u64,
+) -> Result<(), StoreError> {
+    let what = || format!("claiming refs for converge {id}");
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    require_running(&tx, id)?;
+    {
+        let mut stmt = tx
+            .prepare(
+                "INSERT INTO claims (converge_id, reference, expires_ms) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (converge_id, reference) DO UPDATE SET expires_ms = excluded.expires_ms",
+            )
+            .ctx(what)?;
+        for reference in refs {
+            stmt.execute((id.as_str(), reference, expires_ms)).ctx(what)?;
+        }
+    }
+    tx.commit().ctx(what)
+}
+
+pub(super) fn renew(conn: &mut Connection, id: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError> {
+    let what = || format!("renewing the claims of converge {id}");
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    require_running(&tx, id)?;
+    let renewed =
+        tx.execute("UPDATE claims SET expires_ms = ?2 WHERE converge_id = ?1", (id.as_str(), expires_ms)).ctx(what)?;
+    tx.commit().ctx(what)?;
+    Ok(renewed)
+}
+
+pub(super) fn release(conn: &mut Connection, id: &ConvergeId) -> Result<(), StoreError> {
+    let what = || format!("releasing the claims of converge {id}");
+    conn.execute("DELETE FROM claims WHERE converge_id = ?1", [id.as_str()]).ctx(what)?;
+    Ok(())
+}
+
+pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
+    let what = || "listing live claims".to_owned();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    tx.execute("DELETE FROM claims WHERE expires_ms <= ?1", [now_ms]).ctx(what)?;
+    let claims = all(&tx)?;
+    tx.commit().ctx(what)?;
+    Ok(claims)
+}
+
+fn all(conn: &Connection) -> Result<Vec<Claim>, StoreError> {
+    let what = || "listing live claims".to_owned();
+    let mut stmt = conn
+        .prepare("SELECT converge_id, reference, expires_ms FROM claims ORDER BY reference, converge_id")
+        .ctx(what)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok(Claim {
+                converge: ConvergeId::from(row.get::<_, String>(0)?),
+                reference: row.get(1)?,
+                expires_ms: row.get(2)?,
+            })
+        })
+        .ctx(what)?;
+    rows.collect::<Result<Vec<_>, _>>().ctx(what)
+}
+
+fn require_running(conn: &Connection, id: &ConvergeId) -> Result<(), StoreError> {
+    match state_of(conn, id)? {
+        None => Err(StoreError::UnknownConverge { id: id.clone() }),
+        Some(ConvergeState::Running) => Ok(()),
+        Some(state) => Err(StoreError::ConvergeFinished { id: id.clone(), state }),
+    }
+}

@@ -1,0 +1,234 @@
+//! Converges and their event logs. One running converge per instance is checked inside the write
+//! transaction and backed by a partial unique index, so two `kiln up` of one instance — from two
+//! terminals, or two processes sharing the database — cannot both build and race to record.
+//! Event seqs are assigned inside the same kind of transaction, so they are gap-free per converge and
+//! `kiln logs --follow` can resume from the last seq it printed.
+
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior};
+
+use super::{from_json, to_json, Ctx};
+use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
+use crate::store::StoreError;
+
+const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, requested_by";
+
+pub(super) fn open(
+    conn: &mut Connection,
+    now_ms: u64,
+    instance: &str,
+    requested_by: &str,
+) -> Result<Converge, StoreError> {
+    let what = || format!("opening a converge of instance {instance}");
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let running: Option<String> = tx
+        .query_row("SELECT id FROM converges WHERE instance = ?1 AND state = 'running'", [instance], |row| row.get(0))
+        .optional()
+        .ctx(what)?;
+    if let Some(running) = running {
+        return Err(StoreError::ConvergeRunning { instance: instance.to_owned(), running: running.into() });
+    }
+    let converge = Converge {
+        id: ConvergeId::generate(now_ms),
+        instance: instance.to_owned(),
+        state: ConvergeState::Running,
+        started_ms: now_ms,
+        finished_ms: None,
+        requested_by: requested_by.to_owned(),
+    };
+    tx.execute(
+        "INSERT INTO converges (id, instance, state, started_ms, requested_by) VALUES (?1, ?2, 'running', ?3, ?4)",
+        (converge.id.as_str(), instance, now_ms, requested_by),
+    )
+    .ctx(what)?;
+    tx.commit().ctx(what)?;
+    Ok(converge)
+}
+
+pub(super) fn append_event(
+    conn: &mut Connection,
+    now_ms: u64,
+    id: &ConvergeId,
+    kind: EventKind,
+    image: Option<String>,
+    message: String,
+) -> Result<Event, StoreError> {
+    let what = || format!("appending an event to converge {id}");
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    if state_of(&tx, id)?.is_none() {
+        return Err(StoreError::UnknownConverge { id: id.clone() });
+    }
+    let event = insert_event(&tx, now_ms, id, kind, image, message)?;
+    tx.commit().ctx(what)?;
+    Ok(event)
+}
+
+pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
+    let what = || format!("reading the events of converge {id}");
+    if state_of(conn, id)?.is_none() {
+        return Err(StoreError::UnknownConverge { id: id.clone() });
+    }
+    let mut stmt = conn
+        .prepare("SELECT seq, at_ms, image, kind, message FROM events WHERE converge_id = ?1 AND seq > ?2 ORDER BY seq")
+        .ctx(what)?;
+    let rows = stmt
+        .query_map((id.as_str(), after_seq.unwrap_or(0)), |row| {
+            Ok((row.get::<_, u64>(0)?, row.get(1)?, row.get(2)?, row.get::<_, String>(3)?, row.get(4)?))
+        })
+        .ctx(what)?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx(what)?;
+    rows.into_iter()
+        .map(|(seq, at_ms, image, kind, message)| {
+            let kind = from_json(&kind, || format!("event {seq} of converge {id}"))?;
+            Ok(Event { seq, at_ms, image, kind, message })
+        })
+        .collect()
+}
+
+pub(super) fn finish(
+    conn: &mut Connection,
+    now_ms: u64,
+    id: &ConvergeId,
+    state: ConvergeState,
+) -> Result<(), StoreError> {
+    let what = || format!("finishing converge {id}");
+    let reason = match &state {
+        ConvergeState::Running => return Err(StoreError::FinishAsRunning { id: id.clone() }),
+        ConvergeState::Succeeded => None,
+        ConvergeState::Failed { reason } => Some(reason.as_str()),
+    };
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    match state_of(&tx, id)? {
+        None => return Err(StoreError::UnknownConverge { id: id.clone() }),
+        Some(ConvergeState::Running) => {}
+        Some(finished) => return Err(StoreError::ConvergeFinished { id: id.clone(), state: finished }),
+    }
+    tx.execute(
+        "UPDATE converges SET state = ?2, reason = ?3, finished_ms = ?4 WHERE id = ?1",
+        (id.as_str(), state.name(), reason, now_ms),
+    )
+    .ctx(what)?;
+    tx.commit().ctx(what)
+}
+
+pub(super) fn get(conn: &mut Connection, id: &ConvergeId) -> Result<Option<Converge>, StoreError> {
+    let what = || format!("reading converge {id}");
+    let sql = format!("SELECT {COLUMNS} FROM converges WHERE id = ?1");
+    let raw = conn.query_row(&sql, [id.as_str()], raw_row).optional().ctx(what)?;
+    raw.map(decode).transpose()
+}
+
+pub(super) fn list(conn: &mut Connection, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError> {
+    let what = || "listing converges".to_owned();
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let sql = format!(
+        "SELECT {COLUMNS} FROM converges WHERE ?1 IS NULL OR instance = ?1 ORDER BY started_ms DESC, id DESC LIMIT ?2"
+    );
+    let mut stmt = conn.prepare(&sql).ctx(what)?;
+    let raws = stmt.query_map((instance, limit), raw_row).ctx(what)?.collect::<Result<Vec<_>, _>>().ctx(what)?;
+    raws.into_iter().map(decode).collect()
+}
+
+pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -> Result<Vec<ConvergeId>, StoreError> {
+    let what = || "failing converges left running".to_owned();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let ids: Vec<ConvergeId> = {
+        let mut stmt = tx.prepare("SELECT id FROM converges WHERE state = 'running' ORDER BY id").ctx(what)?;
+        let ids = stmt.query_map([], |row| row.get::<_, String>(0)).ctx(what)?;
+        ids.map(|id| id.map(ConvergeId::from)).collect::<Result<_, _>>().ctx(what)?
+    };
+    for id in &ids {
+        tx.execute(
+            "UPDATE converges SET state = 'failed', reason = ?2, finished_ms = ?3 WHERE id = ?1",
+            (id.as_str(), reason, now_ms),
+        )
+        .ctx(what)?;
+        insert_event(&tx, now_ms, id, EventKind::Failed, None, reason.to_owned())?;
+    }
+    tx.commit().ctx(what)?;
+    Ok(ids)
+}
+
+/// The converge's state, `None` if there is no such converge.
+pub(super) fn state_of(conn: &Connection, id: &ConvergeId) -> Result<Option<ConvergeState>, StoreError> {
+    let what = || format!("reading the state of converge {id}");
+    let raw: Option<(String, Option<String>)> = conn
+        .query_row("SELECT state, reason FROM converges WHERE id = ?1", [id.as_str()], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })
+        .optional()
+        .ctx(what)?;
+    raw.map(|(state, reason)| decode_state(id, &state, reason)).transpose()
+}
+
+/// Inserts an event with the next seq; the caller holds the write transaction that makes it gap-free.
+fn insert_event(
+    conn: &Connection,
+    now_ms: u64,
+    id: &ConvergeId,
+    kind: EventKind,
+    image: Option<String>,
+    message: String,
+) -> Result<Event, StoreError> {
+    let what = || format!("appending an event to converge {id}");
+    let seq: u64 = conn
+        .query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE converge_id = ?1", [id.as_str()], |row| {
+            row.get(0)
+        })
+        .ctx(what)?;
+    let kind_json = to_json(&kind, what)?;
+    conn.execute(
+        "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        (id.as_str(), seq, now_ms, image.as_deref(), &kind_json, &message),
+    )
+    .ctx(what)?;
+    Ok(Event { seq, at_ms: now_ms, image, kind, message })
+}
+
+struct RawConverge {
+    id: String,
+    instance: String,
+    state: String,
+    reason: Option<String>,
+    started_ms: u64,
+    finished_ms: Option<u64>,
+    requested_by: String,
+}
+
+fn raw_row(row: &Row<'_>) -> rusqlite::Result<RawConverge> {
+    Ok(RawConverge {
+        id: row.get(0)?,
+        instance: row.get(1)?,
+        state: row.get(2)?,
+        reason: row.get(3)?,
+        started_ms: row.get(4)?,
+        finished_ms: row.get(5)?,
+        requested_by: row.get(6)?,
+    })
+}
+
+fn decode(raw: RawConverge) -> Result<Converge, StoreError> {
+    let id = ConvergeId::from(raw.id);
+    let state = decode_state(&id, &raw.state, raw.reason)?;
+    Ok(Converge {
+        id,
+        instance: raw.instance,
+        state,
+        started_ms: raw.started_ms,
+        finished_ms: raw.finished_ms,
+        requested_by: raw.requested_by,
+    })
+}
+
+fn decode_state(id: &ConvergeId, state: &str, reason: Option<String>) -> Result<ConvergeState, StoreError> {
+    match state {
+        "running" => Ok(ConvergeState::Running),
+        "succeeded" => Ok(ConvergeState::Succeeded),
+        // A failure always carries its reason; an empty one still reads as failed.
+        "failed" => Ok(ConvergeState::Failed { reason: reason.unwrap_or_default() }),
+        other => Err(StoreError::Corrupt {
+            what: format!("converge {id}"),
+            err: format!("state {other:?} is not running, succeeded or failed").into(),
+        }),
+    }
+}

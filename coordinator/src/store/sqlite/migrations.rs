@@ -1,0 +1,128 @@
+//! The schema, as an ordered list of migrations. Each is applied in its own transaction together with
+//! its `schema_migrations` row, so a crash mid-migration leaves the database at the version before it.
+//! A database at a version this code does not know is refused: an older kiln writing rows a newer
+//! schema interprets differently would corrupt state silently.
+//!
+//! The SQL is kept to what SQLite and PostgreSQL both accept (plain types, partial unique indexes,
+//! `ON CONFLICT … DO UPDATE`), so the PostgreSQL backend can start from the same list.
+
+use std::path::Path;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::store::StoreError;
+
+/// Versions in order, starting at 1, never edited once released: a change is a new entry.
+const MIGRATIONS: &[(u32, &str)] = &[(1, V1)];
+
+/// The newest schema version this code knows.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+const V1: &str = r#"
+CREATE TABLE agents (
+    id           TEXT PRIMARY KEY,
+    role         TEXT NOT NULL,
+    stores       TEXT NOT NULL,   -- JSON array of store identities
+    platforms    TEXT NOT NULL,   -- JSON array
+    version      TEXT NOT NULL,
+    last_seen_ms INTEGER NOT NULL
+);
+
+-- The highest generation ever written per instance, kept across `kiln down` so numbers never repeat.
+CREATE TABLE instance_generations (
+    instance        TEXT PRIMARY KEY,
+    last_generation INTEGER NOT NULL
+);
+
+CREATE TABLE records (
+    instance      TEXT NOT NULL REFERENCES instance_generations (instance),
+    generation    INTEGER NOT NULL,
+    images        TEXT NOT NULL,  -- JSON array of recorded images
+    written_at_ms INTEGER NOT NULL,
+    PRIMARY KEY (instance, generation)
+);
+
+CREATE TABLE converges (
+    id           TEXT PRIMARY KEY,
+    instance     TEXT NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('running', 'succeeded', 'failed')),
+    reason       TEXT,
+    started_ms   INTEGER NOT NULL,
+    finished_ms  INTEGER,
+    requested_by TEXT NOT NULL
+);
+-- The database itself refuses a second running converge of one instance, whatever process asks.
+CREATE UNIQUE INDEX converges_one_running ON converges (instance) WHERE state = 'running';
+CREATE INDEX converges_by_start ON converges (started_ms);
+CREATE INDEX converges_by_instance ON converges (instance, started_ms);
+
+CREATE TABLE events (
+    converge_id TEXT NOT NULL REFERENCES converges (id) ON DELETE CASCADE,
+    seq         INTEGER NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    image       TEXT,
+    kind        TEXT NOT NULL,    -- JSON, so a new kind needs no migration
+    message     TEXT NOT NULL,
+    PRIMARY KEY (converge_id, seq)
+);
+
+CREATE TABLE claims (
+    converge_id TEXT NOT NULL REFERENCES converges (id) ON DELETE CASCADE,
+    reference   TEXT NOT NULL,
+    expires_ms  INTEGER NOT NULL,
+    PRIMARY KEY (converge_id, reference)
+);
+CREATE INDEX claims_by_expiry ON claims (expires_ms);
+
+CREATE TABLE contexts (
+    digest       TEXT PRIMARY KEY,
+    bytes        INTEGER NOT NULL,
+    stored_at_ms INTEGER NOT NULL
+);
+
+CREATE TABLE inventories (
+    store     TEXT PRIMARY KEY,
+    listing   TEXT NOT NULL,
+    listed_ms INTEGER NOT NULL
+);
+"#;
+
+/// Brings the database to [`SCHEMA_VERSION`]; returns the versions this call applied.
+pub(super) fn migrate(conn: &mut Connection, path: &Path, now_ms: u64) -> Result<Vec<u32>, StoreError> {
+    let open_err = |err: rusqlite::Error| StoreError::Open { path: path.to_owned(), err: Box::new(err) };
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+    )
+    .map_err(open_err)?;
+
+    let mut applied = Vec::new();
+    for &(version, sql) in MIGRATIONS {
+        // The version is re-read inside the write transaction: two processes opening one fresh
+        // database at once must not both apply the same migration.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(open_err)?;
+        let current = current_version(&tx).map_err(open_err)?;
+        if current > SCHEMA_VERSION {
+            return Err(StoreError::SchemaTooNew { path: path.to_owned(), found: current, known: SCHEMA_VERSION });
+        }
+        if current >= version {
+            continue;
+        }
+        let migrate_err = |err: rusqlite::Error| StoreError::Migrate {
+            path: path.to_owned(),
+            version,
+            from: current,
+            err: Box::new(err),
+        };
+        tx.execute_batch(sql).map_err(migrate_err)?;
+        tx.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)", (version, now_ms))
+            .map_err(migrate_err)?;
+        tx.commit().map_err(migrate_err)?;
+        applied.push(version);
+    }
+    Ok(applied)
+}
+
+fn current_version(conn: &Connection) -> rusqlite::Result<u32> {
+    let version: Option<u32> = conn.query_row("SELECT MAX(version) FROM schema_migrations", [], |row| row.get(0))?;
+    Ok(version.unwrap_or(0))
+}

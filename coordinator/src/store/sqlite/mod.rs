@@ -1,0 +1,294 @@
+//! [`SqliteStore`]: the embedded default backend, one SQLite file in `$KILN_HOME` shared by every
+//! instance the user converges there — and possibly by several `kiln` processes at once. So the file
+//! runs in WAL mode (readers never block the writer), waits on a busy lock instead of failing at once,
+//! and every read-modify-write is an `IMMEDIATE` transaction: it takes the write lock before reading,
+//! so two processes cannot both read generation 3 and both write generation 4.
+//!
+//! rusqlite is blocking, so each call runs on tokio's blocking pool behind one `Mutex<Connection>`.
+
+mod catalog;
+mod claims;
+mod converges;
+mod migrations;
+mod records;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, ErrorCode};
+
+use crate::model::{
+    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Record,
+    RecordedImage,
+};
+use crate::store::{Clock, Store, StoreError, SystemClock};
+
+pub use migrations::SCHEMA_VERSION;
+
+/// How long a call waits for another process's write lock before failing with [`StoreError::Busy`].
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The coordinator's state in one SQLite file.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Mutex<Connection>,
+    clock: Arc<dyn Clock>,
+    path: PathBuf,
+    applied: Vec<u32>,
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its directory if needed) the database at `path` and migrates it to
+    /// [`SCHEMA_VERSION`], stamping with the system clock.
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with_clock(path, Arc::new(SystemClock))
+    }
+
+    /// [`SqliteStore::open`] with the clock that stamps records, converges and events.
+    pub fn open_with_clock(path: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_owned();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|err| StoreError::CreateDir { dir: dir.to_owned(), err })?;
+        }
+        let open_err = |err: rusqlite::Error| StoreError::Open { path: path.clone(), err: Box::new(err) };
+        let mut conn = Connection::open(&path).map_err(open_err)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+        // Off by default in SQLite; without it a claim or event could name a converge that is not there.
+        conn.pragma_update(None, "foreign_keys", true).map_err(open_err)?;
+        let mode: String =
+            conn.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0)).map_err(open_err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            let err = format!("the file system refused WAL mode (journal mode stays {mode})");
+            return Err(StoreError::Open { path, err: err.into() });
+        }
+        let applied = migrations::migrate(&mut conn, &path, clock.now_ms())?;
+        Ok(SqliteStore { inner: Arc::new(Inner { conn: Mutex::new(conn), clock, path, applied }) })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The schema versions this open applied; empty when the database was already current.
+    pub fn migrations_applied(&self) -> &[u32] {
+        &self.inner.applied
+    }
+
+    /// Runs `f` on the blocking pool with the connection and the clock's now. `what` names the call
+    /// in errors ("writing the record of instance shop").
+    async fn run<T, F>(&self, what: String, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, u64) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        let worker_what = what.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            // A panic mid-call rolled its transaction back when the transaction dropped, so the
+            // connection behind a poisoned lock is still consistent.
+            let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            let now_ms = inner.clock.now_ms();
+            f(&mut conn, now_ms)
+        })
+        .await
+        .map_err(|err| StoreError::Worker { what: worker_what, err })?;
+        result.map_err(|err| self.name_busy(err))
+    }
+
+    /// A lock held by another process past the busy timeout is the one backend failure a user can
+    /// act on, so it is told apart from the rest.
+    fn name_busy(&self, err: StoreError) -> StoreError {
+        match err {
+            StoreError::Backend { what, err } => {
+                let busy = matches!(
+                    err.downcast_ref::<rusqlite::Error>().and_then(rusqlite::Error::sqlite_error_code),
+                    Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                );
+                if busy {
+                    StoreError::Busy { path: self.inner.path.clone(), what, err }
+                } else {
+                    StoreError::Backend { what, err }
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.inner.path).finish_non_exhaustive()
+    }
+}
+
+/// Names a rusqlite failure by what the call was doing.
+trait Ctx<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, StoreError>;
+}
+
+impl<T> Ctx<T> for rusqlite::Result<T> {
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, StoreError> {
+        self.map_err(|err| StoreError::Backend { what: what(), err: Box::new(err) })
+    }
+}
+
+/// Decodes a JSON column, naming the row when it does not parse.
+fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StoreError> {
+    serde_json::from_str(json).map_err(|err| StoreError::Corrupt { what: row(), err: Box::new(err) })
+}
+
+fn to_json<T: serde::Serialize>(value: &T, what: impl FnOnce() -> String) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|err| StoreError::Backend { what: what(), err: Box::new(err) })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StoreError> {
+        self.run(format!("saving agent {}", agent.id), move |c, _| catalog::upsert_agent(c, &agent)).await
+    }
+
+    async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
+        self.run("listing agents".into(), |c, _| catalog::agents(c)).await
+    }
+
+    async fn record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+        let instance = instance.to_owned();
+        self.run(format!("reading the record of instance {instance}"), move |c, _| records::nth(c, &instance, 0)).await
+    }
+
+    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+        let instance = instance.to_owned();
+        self.run(format!("reading the previous record of instance {instance}"), move |c, _| {
+            records::nth(c, &instance, 1)
+        })
+        .await
+    }
+
+    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StoreError> {
+        self.run("listing records".into(), |c, _| records::all(c)).await
+    }
+
+    async fn write_record(
+        &self,
+        instance: &str,
+        expected: Option<Generation>,
+        images: Vec<RecordedImage>,
+    ) -> Result<Generation, StoreError> {
+        let instance = instance.to_owned();
+        self.run(format!("writing the record of instance {instance}"), move |c, now| {
+            records::write(c, now, &instance, expected, &images)
+        })
+        .await
+    }
+
+    async fn delete_record(&self, instance: &str) -> Result<bool, StoreError> {
+        let instance = instance.to_owned();
+        self.run(format!("deleting the record of instance {instance}"), move |c, _| records::delete(c, &instance)).await
+    }
+
+    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StoreError> {
+        let (instance, requested_by) = (instance.to_owned(), requested_by.to_owned());
+        self.run(format!("opening a converge of instance {instance}"), move |c, now| {
+            converges::open(c, now, &instance, &requested_by)
+        })
+        .await
+    }
+
+    async fn append_event(
+        &self,
+        converge: &ConvergeId,
+        kind: EventKind,
+        image: Option<&str>,
+        message: &str,
+    ) -> Result<Event, StoreError> {
+        let (id, image, message) = (converge.clone(), image.map(str::to_owned), message.to_owned());
+        self.run(format!("appending an event to converge {id}"), move |c, now| {
+            converges::append_event(c, now, &id, kind, image, message)
+        })
+        .await
+    }
+
+    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
+        let id = converge.clone();
+        self.run(format!("reading the events of converge {id}"), move |c, _| converges::events(c, &id, after_seq)).await
+    }
+
+    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StoreError> {
+        let id = converge.clone();
+        self.run(format!("finishing converge {id}"), move |c, now| converges::finish(c, now, &id, state)).await
+    }
+
+    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StoreError> {
+        let id = converge.clone();
+        self.run(format!("reading converge {id}"), move |c, _| converges::get(c, &id)).await
+    }
+
+    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError> {
+        let instance = instance.map(str::to_owned);
+        let what = match &instance {
+            Some(instance) => format!("listing the converges of instance {instance}"),
+            None => "listing converges".to_owned(),
+        };
+        self.run(what, move |c, _| converges::list(c, instance.as_deref(), limit)).await
+    }
+
+    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StoreError> {
+        let reason = reason.to_owned();
+        self.run("failing converges left running".into(), move |c, now| converges::fail_in_flight(c, now, &reason))
+            .await
+    }
+
+    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StoreError> {
+        let (id, refs) = (converge.clone(), refs.to_vec());
+        self.run(format!("claiming refs for converge {id}"), move |c, _| claims::claim(c, &id, &refs, expires_ms)).await
+    }
+
+    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError> {
+        let id = converge.clone();
+        self.run(format!("renewing the claims of converge {id}"), move |c, _| claims::renew(c, &id, expires_ms)).await
+    }
+
+    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StoreError> {
+        let id = converge.clone();
+        self.run(format!("releasing the claims of converge {id}"), move |c, _| claims::release(c, &id)).await
+    }
+
+    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
+        self.run("listing live claims".into(), move |c, _| claims::live(c, now_ms)).await
+    }
+
+    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError> {
+        let digests = digests.to_vec();
+        self.run("looking up contexts".into(), move |c, _| catalog::missing_contexts(c, &digests)).await
+    }
+
+    async fn put_context(&self, context: ContextRow) -> Result<(), StoreError> {
+        self.run(format!("indexing context {}", context.digest), move |c, _| catalog::put_context(c, &context)).await
+    }
+
+    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StoreError> {
+        let digest = digest.to_owned();
+        self.run(format!("looking up context {digest}"), move |c, _| catalog::context(c, &digest)).await
+    }
+
+    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError> {
+        let store = store.to_owned();
+        self.run(format!("saving the inventory of store {store}"), move |c, _| {
+            catalog::put_inventory(c, &store, &listing_json, listed_ms)
+        })
+        .await
+    }
+
+    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError> {
+        let store = store.to_owned();
+        self.run(format!("reading the inventory of store {store}"), move |c, _| catalog::inventory(c, &store)).await
+    }
+}

@@ -6,11 +6,22 @@
 //! - [`store`] — the [`store::Store`] trait every backend implements, and [`store::SqliteStore`], the
 //!   embedded default. Records are written by compare-and-set; one converge runs per instance.
 //!
-//! The gRPC services and the converge engine land with the converge issue.
+//! - [`serve`] — start here: opens the state, fails converges a crash left running, and serves
+//!   the three gRPC services on a listener the caller bound.
+//! - `engine` — the converge, step by step (DESIGN.md "The converge"); `plan` converts the request.
+//! - `hub` — agents' `Connect` streams and the tasks sent over them; `contexts` — the content store.
+//! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
 
 pub mod model;
 pub mod store;
 
+mod api;
+mod contexts;
+mod convert;
+mod engine;
+mod events;
+mod hub;
+mod plan;
 mod server;
 
 pub use server::{serve, Config, ServeError};

@@ -1,9 +1,17 @@
 //! `serve`: the coordinator as a library. The CLI's embedded mode, `kiln-coordinator` the binary
 //! and every test start this same function on a listener they bound themselves.
 
+use crate::api::KilnService;
+use crate::contexts::{ContentService, Contexts};
+use crate::engine::Engine;
+use crate::hub::{Hub, HubService};
+use crate::store::{SqliteStore, Store};
+use kiln_proto::v1 as pb;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_stream::wrappers::TcpListenerStream;
 
 /// What a coordinator needs to run.
 #[derive(Clone, Debug)]
@@ -31,15 +39,53 @@ impl Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("coordinator is not implemented yet")]
-    NotYet,
+    #[error("cannot open the coordinator's state in {dir}")]
+    State {
+        dir: PathBuf,
+        #[source]
+        err: crate::store::StoreError,
+    },
+    #[error("cannot create the context store in {dir}")]
+    Contexts {
+        dir: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("the gRPC server stopped")]
+    Transport(#[source] tonic::transport::Error),
 }
 
 /// Serves the coordinator's gRPC services on `listener` until `shutdown` resolves.
+///
+/// At start every converge the state still shows running is marked failed: its coordinator died
+/// under it. Its claims are left to expire on their lease, so a sweep cannot take what it was
+/// about to deliver while its client may still be retrying.
 pub async fn serve(
-    _listener: tokio::net::TcpListener,
-    _config: Config,
-    _shutdown: impl Future<Output = ()> + Send + 'static,
+    listener: tokio::net::TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    Err(ServeError::NotYet)
+    let dir = config.state_dir.clone();
+    let store = SqliteStore::open(dir.join("kiln.db")).map_err(|err| ServeError::State { dir: dir.clone(), err })?;
+    let store: Arc<dyn Store> = Arc::new(store);
+    let failed = store
+        .fail_in_flight("the coordinator restarted while it ran")
+        .await
+        .map_err(|err| ServeError::State { dir: dir.clone(), err })?;
+    for id in failed {
+        tracing::warn!(converge = %id, "converge was in flight when the coordinator stopped; marked failed");
+    }
+    let contexts_dir = dir.join("contexts");
+    let contexts = Contexts::open(contexts_dir.clone(), store.clone())
+        .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?;
+    let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
+    let engine = Arc::new(Engine { store, hub: hub.clone(), contexts: Arc::new(contexts), config });
+    let contexts = engine.contexts.clone();
+    tonic::transport::Server::builder()
+        .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
+        .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts }))
+        .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(ServeError::Transport)
 }

@@ -1,0 +1,220 @@
+//! The content store: build contexts as canonical archives, one file per tree digest, so a second
+//! developer converging the same sources uploads nothing.
+//!
+//! An upload is accepted only after `kiln_core::archive::verify` has walked every entry and
+//! recomputed the digest: an archive that does not hold the tree it claims is refused before it
+//! is stored, so nothing is ever built from it.
+
+use crate::model::ContextRow;
+use crate::store::Store;
+use kiln_core::digest::TreeDigest;
+use kiln_proto::v1 as pb;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, Notify};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+const CHUNK: usize = 1 << 20;
+
+/// The context files and their index.
+pub struct Contexts {
+    dir: PathBuf,
+    store: Arc<dyn Store>,
+    arrived: Notify,
+}
+
+impl std::fmt::Debug for Contexts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Contexts").field("dir", &self.dir).finish()
+    }
+}
+
+impl Contexts {
+    pub fn open(dir: PathBuf, store: Arc<dyn Store>) -> std::io::Result<Contexts> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(Contexts { dir, store, arrived: Notify::new() })
+    }
+
+    pub fn path(&self, digest: &TreeDigest) -> PathBuf {
+        self.dir.join(format!("{digest}.tar"))
+    }
+
+    /// The digests among `digests` that are not stored (indexed and on disk), in the order given.
+    pub async fn missing(&self, digests: &[String]) -> Result<Vec<String>, Status> {
+        let unknown = self.store.missing_contexts(digests).await.map_err(|e| Status::internal(e.to_string()))?;
+        let mut missing = Vec::new();
+        for d in digests {
+            let on_disk = d.parse::<TreeDigest>().map(|t| self.path(&t).is_file()).unwrap_or(false);
+            if (unknown.contains(d) || !on_disk) && !missing.contains(d) {
+                missing.push(d.clone());
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Waits until every digest is stored, or `timeout` passes; returns those still missing.
+    pub async fn wait_for(&self, digests: &[String], timeout: Duration) -> Result<Vec<String>, Status> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.arrived.notified();
+            let missing = self.missing(digests).await?;
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                return Ok(missing);
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    async fn accept(
+        &self,
+        digest: TreeDigest,
+        mut chunks: Streaming<pb::UploadChunk>,
+        first: Vec<u8>,
+    ) -> Result<u64, Status> {
+        let tmp = self.dir.join(format!(".upload-{digest}-{:08x}", fastrand::u32(..)));
+        let result = self.receive(&tmp, digest, &mut chunks, first).await;
+        if result.is_err() {
+            let _ = tokio::fs::remove_file(&tmp).await;
+        }
+        result
+    }
+
+    async fn receive(
+        &self,
+        tmp: &Path,
+        digest: TreeDigest,
+        chunks: &mut Streaming<pb::UploadChunk>,
+        first: Vec<u8>,
+    ) -> Result<u64, Status> {
+        let io = |e: std::io::Error| Status::internal(format!("storing context {digest}: {e}"));
+        let mut file = tokio::fs::File::create(tmp).await.map_err(io)?;
+        // Verification reads the bytes as they arrive, on a blocking thread, so an upload costs
+        // one pass over the data rather than a write followed by a re-read.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<bytes::Bytes>(16);
+        let verifier = tokio::task::spawn_blocking(move || {
+            kiln_core::archive::verify(ChannelReader { rx, current: bytes::Bytes::new() }, &digest)
+        });
+        let mut total = 0u64;
+        let mut next = Some(bytes::Bytes::from(first));
+        loop {
+            let data = match next.take() {
+                Some(d) => d,
+                None => match chunks.message().await? {
+                    Some(chunk) => chunk.data,
+                    None => break,
+                },
+            };
+            total += data.len() as u64;
+            file.write_all(&data).await.map_err(io)?;
+            if tx.send(data).is_err() {
+                break; // the verifier stopped early: its verdict says why
+            }
+        }
+        drop(tx);
+        file.sync_all().await.map_err(io)?;
+        let verdict = verifier.await.map_err(|e| Status::internal(e.to_string()))?;
+        if let Err(err) = verdict {
+            return Err(Status::invalid_argument(format!("upload of context {digest} refused: {}", chain(&err))));
+        }
+        tokio::fs::rename(tmp, self.path(&digest)).await.map_err(io)?;
+        let row = ContextRow { digest: digest.to_string(), bytes: total, stored_at_ms: 0 };
+        self.store.put_context(row).await.map_err(|e| Status::internal(e.to_string()))?;
+        self.arrived.notify_waiters();
+        Ok(total)
+    }
+}
+
+/// An error and its sources on one line.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+struct ChannelReader {
+    rx: std::sync::mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.recv() {
+                Ok(next) => self.current = next,
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}
+
+/// The `ContentStore` gRPC service.
+#[derive(Debug, Clone)]
+pub struct ContentService {
+    pub contexts: Arc<Contexts>,
+}
+
+#[tonic::async_trait]
+impl pb::content_store_server::ContentStore for ContentService {
+    async fn find_missing(
+        &self,
+        request: Request<pb::FindMissingRequest>,
+    ) -> Result<Response<pb::FindMissingReply>, Status> {
+        let missing = self.contexts.missing(&request.into_inner().digests).await?;
+        Ok(Response::new(pb::FindMissingReply { missing }))
+    }
+
+    async fn upload(&self, request: Request<Streaming<pb::UploadChunk>>) -> Result<Response<pb::UploadReply>, Status> {
+        let mut chunks = request.into_inner();
+        let first = chunks.message().await?.ok_or_else(|| Status::invalid_argument("upload carried no chunk"))?;
+        let digest: TreeDigest = first
+            .digest
+            .parse()
+            .map_err(|e: kiln_core::digest::DigestParseError| Status::invalid_argument(e.to_string()))?;
+        let bytes = self.contexts.accept(digest, chunks, first.data.to_vec()).await?;
+        Ok(Response::new(pb::UploadReply { digest: digest.to_string(), bytes }))
+    }
+
+    type DownloadStream = ReceiverStream<Result<pb::DownloadChunk, Status>>;
+
+    async fn download(&self, request: Request<pb::DownloadRequest>) -> Result<Response<Self::DownloadStream>, Status> {
+        let want = request.into_inner().digest;
+        let digest: TreeDigest =
+            want.parse().map_err(|e: kiln_core::digest::DigestParseError| Status::invalid_argument(e.to_string()))?;
+        let path = self.contexts.path(&digest);
+        let mut file = tokio::fs::File::open(&path).await.map_err(|_| {
+            Status::not_found(format!("context {digest} is not stored — re-run `kiln up` to upload it"))
+        })?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let mut buf = vec![0u8; CHUNK];
+                match file.read(&mut buf).await {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        if tx.send(Ok(pb::DownloadChunk { data: buf.into() })).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::internal(format!("reading context {digest}: {e}")))).await;
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

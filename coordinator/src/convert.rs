@@ -1,0 +1,14 @@
+//! Conversions between the wire and the domain that more than one module needs.
+
+use kiln_core::sweep::ListedImage;
+use kiln_proto::v1 as pb;
+
+pub fn listed_image(img: pb::ListedImage) -> ListedImage {
+    ListedImage {
+        id: img.id,
+        refs: img.refs,
+        digests: img.digests,
+        labels: img.labels.into_iter().collect(),
+        bytes: img.bytes,
+    }
+}

@@ -1,0 +1,128 @@
+//! A converge's event log: every decision becomes an event, persisted in order (so `kiln logs`
+//! replays it) and streamed to the client that asked, if it is still listening.
+//!
+//! Emitting is synchronous and cheap — a queue feeds one writer task — so the engine can report from
+//! inside a task's progress callback without reordering anything.
+
+use crate::model::{ConvergeId, Event, EventKind};
+use crate::store::Store;
+use kiln_proto::v1 as pb;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tonic::Status;
+
+pub type Live = mpsc::Sender<Result<pb::ConvergeEvent, Status>>;
+
+#[derive(Debug)]
+enum Item {
+    Event { kind: EventKind, image: Option<String>, message: String },
+    Live(pb::ConvergeEvent),
+}
+
+/// The engine's side of the log.
+#[derive(Debug, Clone)]
+pub struct Events {
+    id: ConvergeId,
+    tx: mpsc::UnboundedSender<Item>,
+}
+
+impl Events {
+    /// Starts the writer; it ends when every `Events` clone is dropped and the queue is drained.
+    pub fn start(store: Arc<dyn Store>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
+        let writer_id = id.clone();
+        let writer = tokio::spawn(async move {
+            while let Some(item) = rx.recv().await {
+                let event = match item {
+                    Item::Event { kind, image, message } => {
+                        match store.append_event(&writer_id, kind, image.as_deref(), &message).await {
+                            Ok(event) => to_pb(&writer_id, &event),
+                            Err(err) => {
+                                tracing::warn!(converge = %writer_id, error = %err, "event not persisted");
+                                continue;
+                            }
+                        }
+                    }
+                    Item::Live(event) => event,
+                };
+                // A client that went away does not stop the converge.
+                let _ = live.send(Ok(event)).await;
+            }
+        });
+        (Events { id, tx }, writer)
+    }
+
+    pub fn emit(&self, kind: EventKind, image: Option<&str>, message: impl Into<String>) {
+        let _ = self.tx.send(Item::Event { kind, image: image.map(str::to_string), message: message.into() });
+    }
+
+    /// Asks the client for contexts; not persisted: a replay has nothing to upload.
+    pub fn need_contexts(&self, digests: &[String]) {
+        let event = pb::ConvergeEvent {
+            converge_id: self.id.to_string(),
+            kind: pb::converge_event::Kind::NeedContexts as i32,
+            message: format!("upload {} context(s)", digests.len()),
+            contexts: digests.to_vec(),
+            at_ms: crate::engine::now_ms(),
+            ..Default::default()
+        };
+        let _ = self.tx.send(Item::Live(event));
+    }
+
+    /// Bytes moved so far by a push or upload; live only.
+    pub fn progress(&self, image: &str, current: u64, total: u64) {
+        let event = pb::ConvergeEvent {
+            converge_id: self.id.to_string(),
+            kind: pb::converge_event::Kind::Progress as i32,
+            image: image.to_string(),
+            bytes: current,
+            millis: total,
+            at_ms: crate::engine::now_ms(),
+            ..Default::default()
+        };
+        let _ = self.tx.send(Item::Live(event));
+    }
+}
+
+/// A persisted event as the wire carries it.
+pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
+    use pb::converge_event::Kind;
+    let (kind, bytes, millis) = match &event.kind {
+        EventKind::Started => (Kind::Started, 0, 0),
+        EventKind::Recorded => (Kind::Recorded, 0, 0),
+        EventKind::Held => (Kind::Held, 0, 0),
+        EventKind::Uploaded { bytes } => (Kind::Uploaded, *bytes, 0),
+        EventKind::Building => (Kind::Building, 0, 0),
+        EventKind::BuildLog => (Kind::BuildLog, 0, 0),
+        EventKind::Built { secs } => (Kind::Built, 0, (secs * 1000.0) as u64),
+        EventKind::Pushing => (Kind::Pushing, 0, 0),
+        EventKind::Pushed { bytes } => (Kind::Pushed, *bytes, 0),
+        EventKind::Delivered => (Kind::Delivered, 0, 0),
+        EventKind::Failed => (Kind::Failed, 0, 0),
+        EventKind::Finished => (Kind::Finished, 0, 0),
+        EventKind::Note | EventKind::Unknown => (Kind::Note, 0, 0),
+    };
+    pb::ConvergeEvent {
+        converge_id: id.to_string(),
+        seq: event.seq,
+        at_ms: event.at_ms,
+        kind: kind as i32,
+        image: event.image.clone().unwrap_or_default(),
+        message: event.message.clone(),
+        bytes,
+        millis,
+        contexts: Vec::new(),
+        outcome: outcome(event) as i32,
+    }
+}
+
+/// A `Finished` event's message starts with how the converge ended (`succeeded: …` or
+/// `failed: …`), so a replay carries the outcome without a second lookup.
+fn outcome(event: &Event) -> pb::Outcome {
+    match event.kind {
+        EventKind::Finished if event.message.starts_with("succeeded") => pb::Outcome::Succeeded,
+        EventKind::Finished => pb::Outcome::Failed,
+        _ => pb::Outcome::Unspecified,
+    }
+}

@@ -1,0 +1,280 @@
+//! The agent hub: one `Connect` stream per builder agent, and the registry of who is connected.
+//!
+//! The converge engine hands a task to an [`AgentConn`] and awaits its result; the agent streams
+//! progress (build log lines, bytes pushed) and answers once. An agent that goes silent past its
+//! lease, or whose stream breaks, is dropped from the registry, and every task it held fails with
+//! [`TaskFailure::Lost`] naming it — the engine never waits on a dead agent.
+
+use crate::model::{AgentId, AgentRole, AgentRow};
+use crate::store::Store;
+use kiln_proto::v1 as pb;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The coordinator's version; agents of the same major version are accepted.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+type Outbound = mpsc::Sender<Result<pb::CoordinatorMessage, Status>>;
+
+/// Who is connected.
+pub struct Hub {
+    agents: Mutex<HashMap<String, Arc<AgentConn>>>,
+    changed: Notify,
+    store: Arc<dyn Store>,
+    heartbeat: Duration,
+    lease: Duration,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").field("agents", &self.agents.lock().unwrap().len()).finish()
+    }
+}
+
+/// One connected agent.
+#[derive(Debug)]
+pub struct AgentConn {
+    pub id: String,
+    pub role: AgentRole,
+    pub stores: Vec<pb::StoreInfo>,
+    pub platforms: Vec<String>,
+    pub version: String,
+    tx: Outbound,
+    pending: Mutex<HashMap<String, Pending>>,
+    last_seen_ms: AtomicU64,
+    next_task: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Pending {
+    progress: mpsc::UnboundedSender<pb::TaskProgress>,
+    done: oneshot::Sender<pb::TaskResult>,
+}
+
+/// Why a task produced no result.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskFailure {
+    #[error("agent {agent} went away while running the task — its stream broke or it was silent past its lease")]
+    Lost { agent: String },
+    #[error("agent {agent}: {message}")]
+    Failed { agent: String, kind: pb::task_error::Kind, message: String },
+    #[error("agent {agent} answered a task without an outcome")]
+    Empty { agent: String },
+}
+
+impl AgentConn {
+    pub fn is_host(&self) -> bool {
+        matches!(self.role, AgentRole::Host | AgentRole::Both)
+    }
+
+    /// Sends one task and waits for its result, handing every progress message to `on_progress`.
+    pub async fn run(
+        &self,
+        converge: &str,
+        kind: pb::task::Kind,
+        mut on_progress: impl FnMut(pb::TaskProgress),
+    ) -> Result<pb::task_result::Outcome, TaskFailure> {
+        let task_id = format!("{}-{}", self.id, self.next_task.fetch_add(1, Ordering::Relaxed));
+        let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
+        let (done_tx, mut done_rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(task_id.clone(), Pending { progress: progress_tx, done: done_tx });
+        let task = pb::Task { task_id: task_id.clone(), converge_id: converge.to_string(), kind: Some(kind) };
+        let msg = pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) };
+        if self.tx.send(Ok(msg)).await.is_err() {
+            self.pending.lock().unwrap().remove(&task_id);
+            return Err(TaskFailure::Lost { agent: self.id.clone() });
+        }
+        let result = loop {
+            tokio::select! {
+                Some(p) = progress_rx.recv() => on_progress(p),
+                done = &mut done_rx => break done,
+            }
+        };
+        // Progress sent just before the result still counts.
+        while let Ok(p) = progress_rx.try_recv() {
+            on_progress(p);
+        }
+        let agent = self.id.clone();
+        match result {
+            Err(_) => Err(TaskFailure::Lost { agent }),
+            Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Error(e)), .. }) => {
+                Err(TaskFailure::Failed { agent, kind: e.kind(), message: e.message })
+            }
+            Ok(pb::TaskResult { outcome: Some(outcome), .. }) => Ok(outcome),
+            Ok(pb::TaskResult { outcome: None, .. }) => Err(TaskFailure::Empty { agent }),
+        }
+    }
+
+    fn deliver(&self, msg: pb::agent_message::Body) {
+        use pb::agent_message::Body;
+        match msg {
+            Body::Progress(p) => {
+                if let Some(pending) = self.pending.lock().unwrap().get(&p.task_id) {
+                    let _ = pending.progress.send(p);
+                }
+            }
+            Body::Result(r) => {
+                if let Some(pending) = self.pending.lock().unwrap().remove(&r.task_id) {
+                    let _ = pending.done.send(r);
+                }
+            }
+            Body::Heartbeat(_) | Body::Hello(_) | Body::GoingAway(_) => {}
+        }
+    }
+}
+
+impl Hub {
+    pub fn new(store: Arc<dyn Store>, lease: Duration) -> Hub {
+        Hub {
+            agents: Mutex::new(HashMap::new()),
+            changed: Notify::new(),
+            store,
+            heartbeat: (lease / 3).max(Duration::from_millis(100)),
+            lease,
+        }
+    }
+
+    /// Connected agents, in id order.
+    pub fn connected(&self) -> Vec<Arc<AgentConn>> {
+        let mut all: Vec<_> = self.agents.lock().unwrap().values().cloned().collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all
+    }
+
+    /// Waits until some agent (dis)connects, or `timeout` passes.
+    pub async fn changed(&self, timeout: Duration) {
+        let _ = tokio::time::timeout(timeout, self.changed.notified()).await;
+    }
+
+    fn register(&self, conn: Arc<AgentConn>) {
+        // A reconnecting agent replaces its old stream; the old one's tasks fail as lost.
+        self.agents.lock().unwrap().insert(conn.id.clone(), conn);
+        self.changed.notify_waiters();
+    }
+
+    fn unregister(&self, conn: &Arc<AgentConn>) {
+        let mut agents = self.agents.lock().unwrap();
+        if agents.get(&conn.id).is_some_and(|current| Arc::ptr_eq(current, conn)) {
+            agents.remove(&conn.id);
+        }
+        drop(agents);
+        // Dropping the senders fails every waiting task with `Lost`.
+        conn.pending.lock().unwrap().clear();
+        self.changed.notify_waiters();
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn major(version: &str) -> &str {
+    version.split('.').next().unwrap_or(version)
+}
+
+/// The `AgentHub` gRPC service.
+#[derive(Debug, Clone)]
+pub struct HubService {
+    pub hub: Arc<Hub>,
+}
+
+#[tonic::async_trait]
+impl pb::agent_hub_server::AgentHub for HubService {
+    type ConnectStream = ReceiverStream<Result<pb::CoordinatorMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let mut inbound = request.into_inner();
+        let hello = match inbound.message().await? {
+            Some(pb::AgentMessage { body: Some(pb::agent_message::Body::Hello(hello)) }) => hello,
+            Some(_) => return Err(Status::invalid_argument("an agent's first message must be `hello`")),
+            None => return Err(Status::invalid_argument("agent stream closed before `hello`")),
+        };
+        if hello.agent_id.is_empty() {
+            return Err(Status::invalid_argument("hello.agent_id is empty — every agent needs a stable id"));
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let hub = self.hub.clone();
+        let refused = (major(&hello.version) != major(VERSION)).then(|| {
+            format!(
+                "agent {} speaks kiln {} but this coordinator is {VERSION}; run agents of major version {}",
+                hello.agent_id,
+                hello.version,
+                major(VERSION)
+            )
+        });
+        let welcome = pb::Welcome {
+            coordinator_version: VERSION.to_string(),
+            heartbeat_ms: hub.heartbeat.as_millis() as u64,
+            refused: refused.clone().unwrap_or_default(),
+        };
+        let _ =
+            tx.send(Ok(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Welcome(welcome)) })).await;
+        if refused.is_some() {
+            return Ok(Response::new(ReceiverStream::new(rx)));
+        }
+        let role = match hello.role() {
+            pb::Role::Node => AgentRole::Node,
+            pb::Role::Both => AgentRole::Both,
+            _ => AgentRole::Host,
+        };
+        let conn = Arc::new(AgentConn {
+            id: hello.agent_id.clone(),
+            role,
+            stores: hello.stores.clone(),
+            platforms: hello.platforms.clone(),
+            version: hello.version.clone(),
+            tx,
+            pending: Mutex::new(HashMap::new()),
+            last_seen_ms: AtomicU64::new(now_ms()),
+            next_task: AtomicU64::new(1),
+        });
+        let row = AgentRow {
+            id: AgentId(conn.id.clone()),
+            role,
+            stores: conn.stores.iter().map(|s| s.id.clone()).collect(),
+            platforms: conn.platforms.clone(),
+            version: conn.version.clone(),
+            last_seen_ms: now_ms(),
+        };
+        if let Err(err) = hub.store.upsert_agent(row).await {
+            tracing::warn!(agent = %conn.id, error = %err, "could not record agent");
+        }
+        hub.register(conn.clone());
+        tracing::info!(agent = %conn.id, role = %role, "agent connected");
+        tokio::spawn(async move {
+            let lease = hub.lease;
+            loop {
+                match tokio::time::timeout(lease, inbound.message()).await {
+                    Ok(Ok(Some(msg))) => {
+                        conn.last_seen_ms.store(now_ms(), Ordering::Relaxed);
+                        match msg.body {
+                            Some(pb::agent_message::Body::GoingAway(bye)) => {
+                                tracing::info!(agent = %conn.id, reason = %bye.reason, "agent going away");
+                                break;
+                            }
+                            Some(body) => conn.deliver(body),
+                            // A message kind from a newer agent: ignored, as the proto promises.
+                            None => {}
+                        }
+                    }
+                    Ok(Ok(None)) | Ok(Err(_)) => break,
+                    Err(_) => {
+                        tracing::warn!(agent = %conn.id, lease_ms = lease.as_millis() as u64, "agent silent past its lease");
+                        break;
+                    }
+                }
+            }
+            hub.unregister(&conn);
+            tracing::info!(agent = %conn.id, "agent disconnected");
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,140 @@
+//! What a client asks a converge for, as domain types: the `UpRequest` is checked and converted here,
+//! at the edge, and a missing or malformed field becomes `InvalidArgument` naming it.
+
+use kiln_core::digest::TreeDigest;
+use kiln_core::refs::ImageRef;
+use kiln_proto::v1 as pb;
+use std::collections::BTreeMap;
+use tonic::Status;
+
+/// Where the images go, with the identity a record stores beside each ref.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    Registry { registry: String },
+    Kind { cluster: String },
+    Nodes { cluster: String },
+    Local,
+}
+
+impl Target {
+    /// The target's identity in a record: a record names "this ref at this target".
+    pub fn identity(&self) -> String {
+        match self {
+            Target::Registry { registry } => format!("registry:{registry}"),
+            Target::Kind { cluster } => format!("kind:{cluster}"),
+            Target::Nodes { cluster } => format!("nodes:{cluster}"),
+            Target::Local => "local".to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct BuildInputs {
+    pub context: TreeDigest,
+    pub dockerfile: String,
+    pub dockerfile_outside: Vec<u8>,
+    pub args: BTreeMap<String, String>,
+    pub target_stage: String,
+    pub shared: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum PlanKind {
+    Built(BuildInputs),
+    Brought,
+    Pinned,
+}
+
+#[derive(Clone, Debug)]
+pub struct PlanImage {
+    pub name: String,
+    /// As the client wrote it; brought and pinned refs pass into the record untouched.
+    pub reference: String,
+    pub kind: PlanKind,
+}
+
+#[derive(Clone, Debug)]
+pub struct UpPlan {
+    pub instance: String,
+    pub target: Target,
+    pub platforms: Vec<String>,
+    pub images: Vec<PlanImage>,
+    pub force: bool,
+    pub requested_by: String,
+}
+
+fn missing(field: &str) -> Status {
+    Status::invalid_argument(format!("UpRequest.{field} is missing"))
+}
+
+impl TryFrom<pb::UpRequest> for UpPlan {
+    type Error = Status;
+
+    fn try_from(req: pb::UpRequest) -> Result<UpPlan, Status> {
+        if req.instance.is_empty() {
+            return Err(missing("instance"));
+        }
+        let target = req.target.ok_or_else(|| {
+            Status::invalid_argument(format!(
+                "instance {} names no target — add [target] with kind = \"registry\" and registry = \"host:port\" to its kiln.toml",
+                req.instance
+            ))
+        })?;
+        let target = match target.kind() {
+            pb::target::Kind::Registry if !target.registry.is_empty() => Target::Registry { registry: target.registry },
+            pb::target::Kind::Registry => return Err(missing("target.registry")),
+            pb::target::Kind::Kind => Target::Kind { cluster: target.cluster },
+            pb::target::Kind::Nodes => Target::Nodes { cluster: target.cluster },
+            pb::target::Kind::Local => Target::Local,
+            pb::target::Kind::Unspecified => {
+                return Err(Status::invalid_argument(format!(
+                    "instance {} names no target kind — set kind = \"registry\" (or kind, nodes, local) in [target]",
+                    req.instance
+                )))
+            }
+        };
+        if req.platforms.is_empty() {
+            return Err(missing("platforms"));
+        }
+        let mut images = Vec::with_capacity(req.images.len());
+        for image in req.images {
+            let kind = image.kind();
+            let at = |field: &str| format!("UpRequest image {:?}: {field}", image.name);
+            if image.name.is_empty() {
+                return Err(missing("images[].name"));
+            }
+            ImageRef::parse(&image.reference)
+                .map_err(|e| Status::invalid_argument(format!("{}: {e}", at("reference"))))?;
+            let kind = match kind {
+                pb::image_spec::Kind::Built => {
+                    let context = image.context_digest.parse().map_err(|e: kiln_core::digest::DigestParseError| {
+                        Status::invalid_argument(format!("{}: {e}", at("context_digest")))
+                    })?;
+                    if image.dockerfile.is_empty() && image.dockerfile_outside.is_empty() {
+                        return Err(Status::invalid_argument(at("neither dockerfile nor dockerfile_outside is set")));
+                    }
+                    PlanKind::Built(BuildInputs {
+                        context,
+                        dockerfile: image.dockerfile,
+                        dockerfile_outside: image.dockerfile_outside,
+                        args: image.args.into_iter().collect(),
+                        target_stage: image.target_stage,
+                        shared: image.shared,
+                    })
+                }
+                pb::image_spec::Kind::Brought => PlanKind::Brought,
+                pb::image_spec::Kind::Pinned => PlanKind::Pinned,
+                pb::image_spec::Kind::Unspecified => return Err(Status::invalid_argument(at("kind is unspecified"))),
+            };
+            images.push(PlanImage { name: image.name, reference: image.reference, kind });
+        }
+        Ok(UpPlan {
+            instance: req.instance,
+            target,
+            platforms: req.platforms,
+            images,
+            force: req.force,
+            requested_by: req.requested_by,
+        })
+    }
+}

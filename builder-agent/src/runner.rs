@@ -1,9 +1,20 @@
-//! `run`: the agent as a library — connects to the coordinator, says hello, executes tasks, and
-//! reconnects forever on the retry ladder. The CLI's embedded mode and the tests start this same
-//! function.
+//! `run`: the agent as a library — connects to the coordinator, says hello, executes the tasks it
+//! is sent, and reconnects forever on the retry ladder when the stream breaks. The CLI's embedded
+//! mode, `kiln-agent` the binary and the tests start this same function.
 
+use crate::host::{DockerStore, HostStore};
+use crate::tasks;
+use kiln_core::refs::PlatformSet;
+use kiln_core::retry::{Ladder, LadderConfig};
+use kiln_proto::v1 as pb;
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
 
 /// What an agent needs to run.
 #[derive(Clone, Debug)]
@@ -18,11 +29,165 @@ pub struct AgentConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("agent is not implemented yet")]
-    NotYet,
+    #[error("agent {agent}: cannot reach the Docker daemon")]
+    Docker {
+        agent: String,
+        #[source]
+        err: crate::host::HostError,
+    },
+    #[error("agent {agent}: the coordinator at {url} refused it: {why}")]
+    Refused { agent: String, url: String, why: String },
+    #[error("agent {agent}: {url} is not a valid coordinator URL — use http://host:port")]
+    BadUrl { agent: String, url: String },
+    #[error("agent {agent}: cannot create its scratch directory {dir}")]
+    Scratch {
+        agent: String,
+        dir: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
 }
 
 /// Runs the agent against the local Docker daemon until `shutdown` resolves.
-pub async fn run(_config: AgentConfig, _shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RunError> {
-    Err(RunError::NotYet)
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RunError> {
+    let store = DockerStore::connect_local().map_err(|err| RunError::Docker { agent: config.agent_id.clone(), err })?;
+    run_with(config, Arc::new(store), shutdown).await
+}
+
+/// Runs the agent with the host store given; `run` passes the local Docker daemon.
+pub async fn run_with(
+    config: AgentConfig,
+    store: Arc<dyn HostStore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    std::fs::create_dir_all(&config.scratch_dir).map_err(|err| RunError::Scratch {
+        agent: config.agent_id.clone(),
+        dir: config.scratch_dir.clone(),
+        err,
+    })?;
+    let endpoint = Endpoint::from_shared(config.coordinator.clone())
+        .map_err(|_| RunError::BadUrl { agent: config.agent_id.clone(), url: config.coordinator.clone() })?
+        .connect_timeout(Duration::from_secs(5));
+    let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(shutdown);
+    let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        let outcome = tokio::select! {
+            outcome = session(&config, &endpoint, store.clone(), &mut shutdown) => outcome,
+        };
+        match outcome {
+            Session::Stopped => return Ok(()),
+            Session::Refused(why) => {
+                return Err(RunError::Refused { agent: config.agent_id.clone(), url: config.coordinator.clone(), why })
+            }
+            Session::Broken { was_connected, why } => {
+                if was_connected {
+                    ladder.reset();
+                    failing_since = None;
+                }
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                let sleep = ladder.next_sleep(since.elapsed()).unwrap_or(Duration::from_secs(5));
+                tracing::warn!(agent = %config.agent_id, url = %config.coordinator, %why, retry_ms = sleep.as_millis() as u64, "coordinator stream lost; reconnecting");
+                tokio::select! {
+                    _ = tokio::time::sleep(sleep) => {}
+                    _ = &mut shutdown => return Ok(()),
+                }
+            }
+        }
+    }
+}
+
+enum Session {
+    Stopped,
+    Refused(String),
+    Broken { was_connected: bool, why: String },
+}
+
+fn hello(config: &AgentConfig) -> pb::AgentMessage {
+    let store = pb::StoreInfo { id: format!("docker@{}", config.agent_id), kind: pb::store_info::Kind::Host as i32 };
+    pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Hello(pb::Hello {
+            agent_id: config.agent_id.clone(),
+            role: pb::Role::Host as i32,
+            stores: vec![store],
+            platforms: vec![PlatformSet::host().oci()],
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        })),
+    }
+}
+
+async fn session(
+    config: &AgentConfig,
+    endpoint: &Endpoint,
+    store: Arc<dyn HostStore>,
+    shutdown: &mut Pin<Box<dyn Future<Output = ()> + Send>>,
+) -> Session {
+    let broken = |was_connected, why: String| Session::Broken { was_connected, why };
+    let channel: Channel = tokio::select! {
+        c = endpoint.connect() => match c {
+            Ok(c) => c,
+            Err(e) => return broken(false, format!("connect {}: {}", config.coordinator, source_text(&e))),
+        },
+        _ = &mut *shutdown => return Session::Stopped,
+    };
+    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(256);
+    let _ = tx.send(hello(config)).await;
+    let mut client = pb::agent_hub_client::AgentHubClient::new(channel.clone());
+    let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return broken(false, format!("connect {}: {}", config.coordinator, status.message())),
+    };
+    let heartbeat = match inbound.message().await {
+        Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Welcome(w)) })) => {
+            if !w.refused.is_empty() {
+                return Session::Refused(w.refused);
+            }
+            Duration::from_millis(w.heartbeat_ms.max(100))
+        }
+        Ok(_) => return broken(false, "the coordinator did not welcome the agent".to_string()),
+        Err(status) => return broken(false, status.message().to_string()),
+    };
+    tracing::info!(agent = %config.agent_id, url = %config.coordinator, "connected to the coordinator");
+    let ctx = Arc::new(tasks::TaskContext {
+        store,
+        content: pb::content_store_client::ContentStoreClient::new(channel),
+        scratch: config.scratch_dir.clone(),
+        out: tx.clone(),
+    });
+    let mut beat = tokio::time::interval(heartbeat);
+    loop {
+        tokio::select! {
+            _ = &mut *shutdown => {
+                let bye = pb::GoingAway { reason: "agent shutting down".to_string() };
+                let _ = tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::GoingAway(bye)) }).await;
+                return Session::Stopped;
+            }
+            _ = beat.tick() => {
+                let hb = pb::Heartbeat { at_ms: 0 };
+                if tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(hb)) }).await.is_err() {
+                    return broken(true, "outbound stream closed".to_string());
+                }
+            }
+            msg = inbound.message() => match msg {
+                Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) })) => {
+                    tokio::spawn(tasks::execute(ctx.clone(), task));
+                }
+                // Cancellation is best effort: a task already sent to Docker runs to its end.
+                Ok(Some(_)) => {}
+                Ok(None) => return broken(true, "the coordinator closed the stream".to_string()),
+                Err(status) => return broken(true, status.message().to_string()),
+            }
+        }
+    }
+}
+
+/// The innermost cause of a transport error: `connection refused (os error 111)`, not `transport error`.
+fn source_text(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        last = s.to_string();
+        source = s.source();
+    }
+    last
 }

@@ -1,7 +1,17 @@
-//! `kiln-agent`: executes builds, loads, listings and removals on one host or node. The Docker
-//! (bollard) and containerd adapters land with the converge and node issues; today this crate only
-//! fixes its place in the workspace.
+//! `kiln-agent`: executes builds, deliveries, listings and removals on one host or node.
+//!
+//! Where to start:
+//! - [`host`] — the host store: the narrow [`host::HostStore`] trait the agent's tasks call, its
+//!   domain types, [`host::verify_context`] (the check that a tag never names bytes it does not
+//!   address), and [`host::DockerStore`], the real adapter over the Docker Engine API (bollard).
+//!
+//! - [`run`] — the agent's loop: connect, hello, execute tasks (`tasks`), reconnect on the ladder.
+//!
+//! The node store (containerd) lands with node delivery; it will sit beside `host`.
+
+pub mod host;
 
 mod runner;
+mod tasks;
 
-pub use runner::{run, AgentConfig, RunError};
+pub use runner::{run, run_with, AgentConfig, RunError};

@@ -50,7 +50,8 @@ pub enum RunError {
 
 /// Runs the agent against the local Docker daemon until `shutdown` resolves.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), RunError> {
-    let store = DockerStore::connect_local().map_err(|err| RunError::Docker { agent: config.agent_id.clone(), err })?;
+    let store =
+        DockerStore::connect_local().await.map_err(|err| RunError::Docker { agent: config.agent_id.clone(), err })?;
     run_with(config, Arc::new(store), shutdown).await
 }
 
@@ -72,10 +73,7 @@ pub async fn run_with(
     let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
     let mut failing_since: Option<Instant> = None;
     loop {
-        let outcome = tokio::select! {
-            outcome = session(&config, &endpoint, store.clone(), &mut shutdown) => outcome,
-        };
-        match outcome {
+        match session(&config, &endpoint, store.clone(), &mut shutdown).await {
             Session::Stopped => return Ok(()),
             Session::Refused(why) => {
                 return Err(RunError::Refused { agent: config.agent_id.clone(), url: config.coordinator.clone(), why })

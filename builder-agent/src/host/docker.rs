@@ -1,0 +1,246 @@
+//! [`DockerStore`]: the host store over a real Docker daemon, through bollard.
+//!
+//! Builds use the classic builder (`POST /build` without BuildKit): it takes the context as one tar
+//! stream, which is exactly what a verified canonical archive is, and it needs no session channel.
+//! The API version is negotiated at connect time, so a daemon older than bollard's default API
+//! (Debian 12 ships Engine 20.10, API 1.41) is spoken to in its own version.
+
+use super::body::BuildBody;
+use super::buildlog::BuildLog;
+use super::push::{self, Endpoint, PushFailure};
+use super::{BuildSpec, Built, HostError, HostStore, ImageInfo, PushProgress, Pushed, Removal};
+use async_trait::async_trait;
+use bollard::errors::Error as DockerError;
+use bollard::query_parameters::{
+    BuildImageOptionsBuilder, BuilderVersion, ListImagesOptionsBuilder, RemoveImageOptionsBuilder,
+};
+use bollard::Docker;
+use futures_util::StreamExt;
+use kiln_core::refs::ImageRef;
+use kiln_core::sweep::{ListedImage, LABEL_KIND};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Duration;
+use tokio::sync::mpsc::Sender;
+
+/// Where the daemon is when `DOCKER_HOST` does not say.
+pub const DEFAULT_DOCKER_HOST: &str = "unix:///var/run/docker.sock";
+
+/// How long any call may wait for the daemon's first answer (not for a build or push to finish).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A build's first answer comes only after the daemon has received and unpacked the whole context,
+/// which for a multi-gigabyte context takes longer than any quick call should be allowed.
+const BUILD_ANSWER_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+
+/// One Docker daemon, reached over its socket.
+#[derive(Clone, Debug)]
+pub struct DockerStore {
+    host: String,
+    docker: Docker,
+    builder: Docker,
+    endpoint: Endpoint,
+}
+
+impl DockerStore {
+    /// Connects to the daemon `DOCKER_HOST` names, or to [`DEFAULT_DOCKER_HOST`].
+    pub async fn connect_local() -> Result<DockerStore, HostError> {
+        let host = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
+        DockerStore::connect(host.as_deref().unwrap_or(DEFAULT_DOCKER_HOST)).await
+    }
+
+    /// Connects to the daemon at `host` (`unix:///path` or `tcp://addr:port`) and agrees an API
+    /// version with it; fails naming the address when nothing answers there.
+    pub async fn connect(host: &str) -> Result<DockerStore, HostError> {
+        let endpoint =
+            Endpoint::from_host(host).ok_or_else(|| HostError::UnsupportedHost { host: host.to_string() })?;
+        let unreachable =
+            |source: DockerError| HostError::Unreachable { host: host.to_string(), source: source.into() };
+        let docker = Docker::connect_with_host(host).map_err(unreachable)?.with_timeout(ANSWER_TIMEOUT);
+        let docker = docker.negotiate_version().await.map_err(unreachable)?;
+        let builder = docker.clone().with_timeout(BUILD_ANSWER_TIMEOUT);
+        Ok(DockerStore { host: host.to_string(), docker, builder, endpoint })
+    }
+
+    /// The address this store talks to, as given.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    fn daemon_error(&self, op: &'static str, object: &str, err: DockerError) -> HostError {
+        let host = self.host.clone();
+        let object = object.to_string();
+        match err {
+            DockerError::RequestTimeoutError => HostError::TimedOut { host, op, object },
+            DockerError::HyperLegacyError { .. }
+            | DockerError::IOError { .. }
+            | DockerError::SocketNotFoundError(_) => HostError::Unreachable { host, source: err.into() },
+            other => HostError::Refused { host, op, object, source: other },
+        }
+    }
+}
+
+fn is_not_found(err: &DockerError) -> bool {
+    matches!(err, DockerError::DockerResponseServerError { status_code: 404, .. })
+}
+
+#[async_trait]
+impl HostStore for DockerStore {
+    async fn build(&self, context_archive: &Path, spec: &BuildSpec, log: Sender<String>) -> Result<Built, HostError> {
+        let archive = context_archive.to_path_buf();
+        let (dockerfile, outside) = (spec.dockerfile.clone(), spec.dockerfile_outside.clone());
+        let body = tokio::task::spawn_blocking(move || BuildBody::prepare(&archive, &dockerfile, outside.as_deref()))
+            .await
+            .map_err(|source| HostError::Worker {
+                what: format!("read context archive {}", context_archive.display()),
+                source,
+            })??;
+
+        let args: HashMap<&str, &str> = spec.args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let labels: HashMap<&str, &str> = spec.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut options = BuildImageOptionsBuilder::default()
+            .dockerfile(&body.dockerfile)
+            .t(&spec.tag)
+            .nocache(spec.no_cache)
+            .rm(true)
+            .forcerm(true)
+            .buildargs(&args)
+            .labels(&labels)
+            .version(BuilderVersion::BuilderV1);
+        if let Some(target) = &spec.target {
+            options = options.target(target);
+        }
+        if let Some(platform) = &spec.platform {
+            options = options.platform(platform);
+        }
+        let request = bollard::body_try_stream(body.into_stream());
+        let mut output = self.builder.build_image(options.build(), None, Some(request));
+
+        let mut lines = BuildLog::default();
+        let failed = |lines: &BuildLog, message: &str| HostError::BuildFailed {
+            tag: spec.tag.clone(),
+            step: lines.failed_at(message),
+        };
+        while let Some(item) = output.next().await {
+            match item {
+                Ok(info) => {
+                    for line in lines.push(info.stream.as_deref().unwrap_or_default()) {
+                        // A listener that went away must not stop the build it was watching.
+                        let _ = log.send(line).await;
+                    }
+                }
+                Err(DockerError::DockerStreamError { error }) => return Err(failed(&lines, &error)),
+                // Refused before any output: a Dockerfile that does not parse or is not there.
+                Err(DockerError::DockerResponseServerError { message, .. }) => return Err(failed(&lines, &message)),
+                Err(err) => return Err(self.daemon_error("build", &spec.tag, err)),
+            }
+        }
+        if let Some(line) = lines.finish() {
+            let _ = log.send(line).await;
+        }
+        // The tag, not the build's own report, is what a later converge will find; read it back.
+        match self.inspect(&spec.tag).await? {
+            Some(info) => Ok(Built { id: info.id }),
+            None => Err(failed(&lines, "the daemon reported success, but no image wears the tag")),
+        }
+    }
+
+    async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError> {
+        let filters = HashMap::from([("label", vec![LABEL_KIND])]);
+        let options = ListImagesOptionsBuilder::default().filters(&filters).build();
+        let images = self
+            .docker
+            .list_images(Some(options))
+            .await
+            .map_err(|err| self.daemon_error("list images labeled", LABEL_KIND, err))?;
+        Ok(images
+            .into_iter()
+            .map(|image| ListedImage {
+                id: image.id,
+                refs: image.repo_tags,
+                digests: image.repo_digests,
+                labels: image.labels.into_iter().collect(),
+                bytes: u64::try_from(image.size).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
+        let image = match self.docker.inspect_image(reference).await {
+            Ok(image) => image,
+            Err(err) if is_not_found(&err) => return Ok(None),
+            Err(err) => return Err(self.daemon_error("inspect image", reference, err)),
+        };
+        let config = image.config.unwrap_or_default();
+        Ok(Some(ImageInfo {
+            id: image.id.unwrap_or_default(),
+            bytes: image.size.and_then(|size| u64::try_from(size).ok()).unwrap_or(0),
+            labels: config.labels.unwrap_or_default().into_iter().collect::<BTreeMap<_, _>>(),
+            user: config.user.filter(|user| !user.is_empty()),
+            repo_tags: image.repo_tags.unwrap_or_default(),
+            repo_digests: image.repo_digests.unwrap_or_default(),
+        }))
+    }
+
+    async fn push(&self, reference: &str, progress: Sender<PushProgress>) -> Result<Pushed, HostError> {
+        let (name, tag) = split_tagged(reference)?;
+        let api_version = self.docker.client_version().to_string();
+        push::push(&self.endpoint, &api_version, &name, &tag, &progress).await.map_err(|failure| match failure {
+            PushFailure::Connect(source) => HostError::Unreachable { host: self.host.clone(), source: source.into() },
+            PushFailure::Lost(source) => {
+                HostError::Lost { host: self.host.clone(), op: "push", object: reference.to_string(), source }
+            }
+            PushFailure::Daemon(why) => HostError::PushFailed { reference: reference.to_string(), why },
+        })
+    }
+
+    async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError> {
+        // A name without a tag would make Docker fall back to an image-id-prefix match and could
+        // delete an image by id; removal here only ever takes one tag off.
+        split_tagged(reference)?;
+        let options = RemoveImageOptionsBuilder::default().force(false).noprune(false).build();
+        match self.docker.remove_image(reference, Some(options), None).await {
+            Ok(_) => Ok(Removal::Removed),
+            Err(err) if is_not_found(&err) => Ok(Removal::Absent),
+            Err(err) => Err(self.daemon_error("untag", reference, err)),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), HostError> {
+        self.docker.ping().await.map(|_| ()).map_err(|err| self.daemon_error("ping", "/_ping", err))
+    }
+}
+
+/// Splits `repo:tag` into the name Docker's push wants and the tag. Refuses a ref without an
+/// explicit tag (a push of a bare name sends *every* tag of the repository) and one with a digest.
+fn split_tagged(reference: &str) -> Result<(String, String), HostError> {
+    let not_pushable = |source| HostError::NotPushable { reference: reference.to_string(), source };
+    let parsed = ImageRef::parse(reference).map_err(|err| not_pushable(Some(err)))?;
+    let last = reference.rsplit('/').next().unwrap_or(reference);
+    let (Some(tag), None, true) = (parsed.tag(), parsed.digest(), last.contains(':')) else {
+        return Err(not_pushable(None));
+    };
+    let familiar = parsed.familiar();
+    let name = familiar.strip_suffix(&format!(":{tag}")).unwrap_or(&familiar).to_string();
+    Ok((name, tag.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_explicitly_tagged_refs_are_split() {
+        let split = |r: &str| split_tagged(r).ok();
+        assert_eq!(split("app:1"), Some(("app".into(), "1".into())));
+        assert_eq!(
+            split("127.0.0.1:5000/team/app:abc-amd64"),
+            Some(("127.0.0.1:5000/team/app".into(), "abc-amd64".into()))
+        );
+        assert_eq!(split("docker.io/library/app:1"), Some(("app".into(), "1".into())));
+        assert_eq!(split("127.0.0.1:5000/app"), None);
+        assert_eq!(split("app"), None);
+        assert_eq!(split(&format!("app:1@sha256:{}", "a".repeat(64))), None);
+        assert_eq!(split("Not A Ref"), None);
+    }
+}

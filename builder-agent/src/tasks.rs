@@ -1,0 +1,175 @@
+//! Executing one task from the coordinator: fetch and verify a context, then build; push; list;
+//! inspect; remove. Each task answers exactly once, and a failure is an answer (`TaskError`) naming
+//! what failed — the agent's stream never breaks because one task did.
+
+use crate::host::{verify_context, BuildSpec, HostError, HostStore, Removal};
+use kiln_core::digest::TreeDigest;
+use kiln_proto::v1 as pb;
+use pb::task_error::Kind as ErrorKind;
+use pb::task_result::Outcome;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+/// What every task shares: the store, the way back to the coordinator, a scratch directory.
+pub(crate) struct TaskContext {
+    pub store: Arc<dyn HostStore>,
+    pub content: pb::content_store_client::ContentStoreClient<Channel>,
+    pub scratch: PathBuf,
+    pub out: mpsc::Sender<pb::AgentMessage>,
+}
+
+type TaskResult = Result<Outcome, (ErrorKind, String)>;
+
+fn failed(err: impl std::fmt::Display) -> (ErrorKind, String) {
+    (ErrorKind::Failed, err.to_string())
+}
+
+pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
+    let id = task.task_id.clone();
+    let result = match task.kind {
+        Some(pb::task::Kind::Build(b)) => build(&ctx, &id, b).await,
+        Some(pb::task::Kind::Push(p)) => push(&ctx, &id, p).await,
+        Some(pb::task::Kind::List(_)) => list(&ctx).await,
+        Some(pb::task::Kind::Inspect(i)) => inspect(&ctx, i).await,
+        Some(pb::task::Kind::Remove(r)) => remove(&ctx, r).await,
+        None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
+    };
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err((kind, message)) => Outcome::Error(pb::TaskError { kind: kind as i32, message }),
+    };
+    let result = pb::TaskResult { task_id: id, outcome: Some(outcome) };
+    let _ = ctx.out.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Result(result)) }).await;
+}
+
+async fn progress(ctx: &TaskContext, task_id: &str, log_line: String, current: u64, total: u64) {
+    let p = pb::TaskProgress { task_id: task_id.to_string(), log_line, current, total };
+    let _ = ctx.out.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Progress(p)) }).await;
+}
+
+async fn build(ctx: &TaskContext, task_id: &str, b: pb::BuildTask) -> TaskResult {
+    let digest: TreeDigest = b.context_digest.parse().map_err(failed)?;
+    let archive = ctx.scratch.join(format!("{digest}-{:08x}.tar", fastrand::u32(..)));
+    let result = fetch_verify_build(ctx, task_id, &digest, &archive, b).await;
+    let _ = tokio::fs::remove_file(&archive).await;
+    result
+}
+
+async fn fetch_verify_build(
+    ctx: &TaskContext,
+    task_id: &str,
+    digest: &TreeDigest,
+    archive: &Path,
+    b: pb::BuildTask,
+) -> TaskResult {
+    download(ctx, digest, archive).await?;
+    let (a, s, d) = (archive.to_path_buf(), ctx.scratch.clone(), *digest);
+    tokio::task::spawn_blocking(move || verify_context(&a, &d, &s))
+        .await
+        .map_err(failed)?
+        .map_err(|e| (ErrorKind::ContextMismatch, crate::host::chain(&e)))?;
+    let spec = BuildSpec {
+        tag: b.tag,
+        dockerfile: b.dockerfile,
+        dockerfile_outside: (!b.dockerfile_outside.is_empty()).then_some(b.dockerfile_outside),
+        args: b.args.into_iter().collect(),
+        target: (!b.target_stage.is_empty()).then_some(b.target_stage),
+        platform: (!b.platform.is_empty()).then_some(b.platform),
+        labels: b.labels.into_iter().collect(),
+        no_cache: b.no_cache,
+    };
+    let (log_tx, mut log_rx) = mpsc::channel::<String>(256);
+    let store = ctx.store.clone();
+    let a = archive.to_path_buf();
+    let building = tokio::spawn(async move { store.build(&a, &spec, log_tx).await });
+    while let Some(line) = log_rx.recv().await {
+        progress(ctx, task_id, line, 0, 0).await;
+    }
+    let built = building.await.map_err(failed)?.map_err(|e| failed(crate::host::chain(&e)))?;
+    Ok(Outcome::Built(pb::Built { id: built.id }))
+}
+
+async fn download(ctx: &TaskContext, digest: &TreeDigest, archive: &Path) -> Result<(), (ErrorKind, String)> {
+    let fail = |why: String| failed(format!("fetching context {digest} from the coordinator: {why}"));
+    let mut client = ctx.content.clone();
+    let mut chunks = client
+        .download(pb::DownloadRequest { digest: digest.to_string() })
+        .await
+        .map_err(|s| fail(s.message().to_string()))?
+        .into_inner();
+    let mut file = tokio::fs::File::create(archive).await.map_err(|e| fail(e.to_string()))?;
+    while let Some(chunk) = chunks.message().await.map_err(|s| fail(s.message().to_string()))? {
+        file.write_all(&chunk.data).await.map_err(|e| fail(e.to_string()))?;
+    }
+    file.flush().await.map_err(|e| fail(e.to_string()))?;
+    Ok(())
+}
+
+async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
+    // A ref swept by someone else since its build is not a push failure but a reason to rebuild.
+    if let Ok(None) = ctx.store.inspect(&p.reference).await {
+        return Err((ErrorKind::ImageGone, format!("{} is no longer on this host", p.reference)));
+    }
+    let (tx, mut rx) = mpsc::channel(64);
+    let store = ctx.store.clone();
+    let reference = p.reference.clone();
+    let pushing = tokio::spawn(async move { store.push(&reference, tx).await });
+    let mut layers: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    while let Some(pp) = rx.recv().await {
+        layers.insert(pp.layer, (pp.current, pp.total));
+        let (current, total) = layers.values().fold((0, 0), |(c, t), (lc, lt)| (c + lc, t + lt));
+        progress(ctx, task_id, String::new(), current, total).await;
+    }
+    match pushing.await.map_err(failed)? {
+        Ok(pushed) => {
+            Ok(Outcome::Pushed(pb::Pushed { digest: pushed.digest.unwrap_or_default(), bytes: pushed.bytes }))
+        }
+        Err(err) => Err(failed(crate::host::chain(&err))),
+    }
+}
+
+async fn list(ctx: &TaskContext) -> TaskResult {
+    let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(crate::host::chain(&e)))?;
+    let images = images
+        .into_iter()
+        .map(|i| pb::ListedImage {
+            id: i.id,
+            refs: i.refs,
+            digests: i.digests,
+            labels: i.labels.into_iter().collect(),
+            bytes: i.bytes,
+        })
+        .collect();
+    Ok(Outcome::Listing(pb::Listing { images }))
+}
+
+async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
+    let info = ctx.store.inspect(&i.reference).await.map_err(|e| failed(crate::host::chain(&e)))?;
+    Ok(Outcome::Inspected(match info {
+        None => pb::Inspected { present: false, ..Default::default() },
+        Some(info) => pb::Inspected {
+            present: true,
+            id: info.id,
+            bytes: info.bytes,
+            labels: info.labels.into_iter().collect(),
+            declares_user: info.user.is_some(),
+            user: info.user.unwrap_or_default(),
+        },
+    }))
+}
+
+async fn remove(ctx: &TaskContext, r: pb::RemoveTask) -> TaskResult {
+    let mut out = pb::Removed::default();
+    // Every removal is tried: one failure is reported, never allowed to abandon the rest.
+    for reference in r.references {
+        match ctx.store.remove_tag(&reference).await {
+            Ok(Removal::Removed) => out.removed.push(reference),
+            Ok(Removal::Absent) => out.absent.push(reference),
+            Err(err) => out.failed.push(format!("{reference}: {}", crate::host::chain(&err))),
+        }
+    }
+    Ok(Outcome::Removed(out))
+}

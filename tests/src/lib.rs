@@ -1,3 +1,157 @@
-//! `kiln-e2e`: the harness for end-to-end tests against real Docker, a real registry and real
-//! containerd (../shared/COMPONENTS.md says how each starts). The tests themselves arrive with the
-//! converge issue; the pure core is tested in `core/tests`.
+//! `kiln-e2e`: the harness for end-to-end tests against the real Docker daemon, a real registry
+//! (Debian's `docker-registry`) and, later, real containerd (../shared/COMPONENTS.md).
+//!
+//! A [`Farm`] is a coordinator and a host agent started in-process — the same `serve` and `run`
+//! production uses — on a free loopback port, with its state under a temp `KILN_HOME`. Its agent's
+//! host store is the real Docker daemon, wrapped in [`Counting`] so a test can assert how many
+//! builds and pushes a converge really sent to Docker. [`Registry`] starts a registry on a free
+//! port and stops it by its PID.
+
+pub mod docker;
+pub mod registry;
+pub mod wire;
+
+use async_trait::async_trait;
+use kiln_agent::host::{BuildSpec, Built, DockerStore, HostError, HostStore, ImageInfo, PushProgress, Pushed, Removal};
+use kiln_core::sweep::ListedImage;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+pub use registry::Registry;
+
+/// The real Docker host store, counting the calls that cost something.
+#[derive(Debug)]
+pub struct Counting {
+    inner: DockerStore,
+    pub builds: AtomicUsize,
+    pub pushes: AtomicUsize,
+}
+
+#[async_trait]
+impl HostStore for Counting {
+    async fn build(&self, context_archive: &Path, spec: &BuildSpec, log: mpsc::Sender<String>) -> Result<Built, HostError> {
+        self.builds.fetch_add(1, Ordering::SeqCst);
+        self.inner.build(context_archive, spec, log).await
+    }
+    async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError> {
+        self.inner.list_labeled().await
+    }
+    async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
+        self.inner.inspect(reference).await
+    }
+    async fn push(&self, reference: &str, progress: mpsc::Sender<PushProgress>) -> Result<Pushed, HostError> {
+        self.pushes.fetch_add(1, Ordering::SeqCst);
+        self.inner.push(reference, progress).await
+    }
+    async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError> {
+        self.inner.remove_tag(reference).await
+    }
+    async fn ping(&self) -> Result<(), HostError> {
+        self.inner.ping().await
+    }
+}
+
+/// A coordinator and one host agent, in-process, on a free loopback port.
+#[derive(Debug)]
+pub struct Farm {
+    pub home: PathBuf,
+    pub farm_id: String,
+    pub url: String,
+    pub store: Arc<Counting>,
+    coordinator: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    agent: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+}
+
+impl Farm {
+    /// Starts a farm whose state lives under `home` (its `state/` and `scratch/`).
+    pub async fn start(home: &Path) -> Farm {
+        let farm_id = kiln_core::farm::embedded_farm_id("e2e", home);
+        let store = Arc::new(Counting {
+            inner: DockerStore::connect_local().await.expect("the Docker daemon must run for end-to-end tests"),
+            builds: AtomicUsize::new(0),
+            pushes: AtomicUsize::new(0),
+        });
+        let mut farm =
+            Farm { home: home.to_path_buf(), farm_id, url: String::new(), store, coordinator: None, agent: None };
+        farm.start_coordinator().await;
+        farm.start_agent().await;
+        farm
+    }
+
+    async fn start_coordinator(&mut self) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.url = format!("http://{}", listener.local_addr().unwrap());
+        let config = kiln_coordinator::Config::new(self.home.join("state"), self.farm_id.clone());
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            kiln_coordinator::serve(listener, config, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("coordinator serves");
+        });
+        self.coordinator = Some((tx, task));
+    }
+
+    async fn start_agent(&mut self) {
+        let config = kiln_agent::AgentConfig {
+            coordinator: self.url.clone(),
+            agent_id: "e2e-agent".to_string(),
+            scratch_dir: self.home.join("scratch"),
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        let store: Arc<dyn HostStore> = self.store.clone();
+        let task = tokio::spawn(async move {
+            kiln_agent::run_with(config, store, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("agent runs");
+        });
+        self.agent = Some((tx, task));
+        self.wait_for_agent().await;
+    }
+
+    /// Waits until the coordinator lists the agent as connected.
+    pub async fn wait_for_agent(&self) {
+        let channel = tonic::transport::Endpoint::from_shared(self.url.clone()).unwrap().connect_lazy();
+        let mut client = kiln_proto::v1::kiln_client::KilnClient::new(channel);
+        for _ in 0..200 {
+            if let Ok(reply) = client.agents(kiln_proto::v1::AgentsRequest {}).await {
+                if reply.into_inner().agents.iter().any(|a| a.connected) {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("the agent never connected to {}", self.url);
+    }
+
+    pub fn builds(&self) -> usize {
+        self.store.builds.load(Ordering::SeqCst)
+    }
+
+    pub fn pushes(&self) -> usize {
+        self.store.pushes.load(Ordering::SeqCst)
+    }
+
+    /// Stops the coordinator and the agent, waiting for both.
+    pub async fn stop(&mut self) {
+        for (tx, task) in [self.agent.take(), self.coordinator.take()].into_iter().flatten() {
+            let _ = tx.send(());
+            let _ = task.await;
+        }
+    }
+
+    /// Stops everything, deletes the coordinator's state (records, contexts) and starts again on
+    /// the same `home`: the farm id, derived from it, stays the same.
+    pub async fn wipe_state_and_restart(&mut self) {
+        self.stop().await;
+        std::fs::remove_dir_all(self.home.join("state")).unwrap();
+        self.start_coordinator().await;
+        self.start_agent().await;
+    }
+}

@@ -1,0 +1,66 @@
+//! The test's own view of the Docker daemon, through the `docker` CLI: what it holds, and the
+//! look-alike images a test plants next to Kiln's.
+
+use std::process::Command;
+
+fn docker(args: &[&str]) -> (bool, String) {
+    let out = Command::new("docker").args(args).output().expect("the docker CLI must be installed");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The id of the image `reference` names, if the daemon has it.
+pub fn image_id(reference: &str) -> Option<String> {
+    let (ok, out) = docker(&["image", "inspect", "--format", "{{.Id}}", reference]);
+    ok.then_some(out)
+}
+
+/// One label of the image `reference` names.
+pub fn label(reference: &str, key: &str) -> Option<String> {
+    let format = format!("{{{{index .Config.Labels \"{key}\"}}}}");
+    let (ok, out) = docker(&["image", "inspect", "--format", &format, reference]);
+    (ok && !out.is_empty() && out != "<no value>").then_some(out)
+}
+
+/// Removes `reference` if present (test clean-up; delete-if-present).
+pub fn remove(reference: &str) {
+    let _ = docker(&["rmi", "--force", reference]);
+}
+
+/// Plants an unlabeled image wearing `reference`: a `docker import` of a one-file tar — exactly
+/// the hand-built look-alike Kiln must never trust.
+pub fn plant_unlabeled(reference: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("planted"), reference).unwrap();
+    let tar = dir.path().join("planted.tar");
+    let status = Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(dir.path())
+        .arg("planted")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (ok, out) = docker(&["import", tar.to_str().unwrap(), reference]);
+    assert!(ok, "docker import failed: {out}");
+    image_id(reference).unwrap()
+}
+
+/// Plants an image wearing `reference` that carries Kiln's labels with another farm's id.
+pub fn plant_other_farm(reference: &str, farm: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), "other farm").unwrap();
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        format!("FROM scratch\nCOPY f /f\nLABEL kiln.dev/kind=image kiln.dev/instance=hello kiln.dev/farm={farm}\n"),
+    )
+    .unwrap();
+    let out = Command::new("docker")
+        .env("DOCKER_BUILDKIT", "0")
+        .args(["build", "-q", "-t", reference])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker build failed: {}", String::from_utf8_lossy(&out.stderr));
+    image_id(reference).unwrap()
+}

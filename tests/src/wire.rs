@@ -1,0 +1,108 @@
+//! A raw client of the coordinator's gRPC services, for tests that must say what the `kiln` CLI
+//! never would (an upload whose bytes do not match its digest) or that check the protocol itself.
+
+use kiln_core::archive::pack;
+use kiln_core::digest::walk_tree;
+use kiln_core::manifest::{ImageSpec, Manifest};
+use kiln_proto::v1 as pb;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use tonic::transport::Channel;
+
+pub fn channel(url: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(url.to_string()).unwrap().connect_lazy()
+}
+
+/// The `UpRequest` for an instance folder, and where each context digest's directory is.
+pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, BTreeMap<String, (PathBuf, kiln_core::digest::WalkOptions)>) {
+    let manifest = Manifest::load(dir).unwrap();
+    let mut contexts = BTreeMap::new();
+    let mut images = Vec::new();
+    for image in &manifest.images {
+        let spec = match &image.spec {
+            ImageSpec::Built(b) => {
+                let (_, digest, address) = b.address(&manifest.platforms).unwrap();
+                let repo = manifest.target.qualify(&b.repository);
+                let reference = kiln_core::refs::content_ref(&repo, &address, &manifest.platforms).unwrap();
+                contexts.insert(digest.to_string(), (b.context.clone(), b.walk_options()));
+                let outside = match &b.dockerfile {
+                    kiln_core::manifest::DockerfileLoc::Outside { path, .. } => std::fs::read(path).unwrap(),
+                    kiln_core::manifest::DockerfileLoc::Inside { .. } => Vec::new(),
+                };
+                pb::ImageSpec {
+                    name: image.name.clone(),
+                    kind: pb::image_spec::Kind::Built as i32,
+                    reference: reference.to_string(),
+                    context_digest: digest.to_string(),
+                    dockerfile: if outside.is_empty() { b.dockerfile.rel().to_string() } else { String::new() },
+                    dockerfile_outside: outside,
+                    args: b.args.clone().into_iter().collect(),
+                    target_stage: b.target.clone().unwrap_or_default(),
+                    shared: b.shared,
+                }
+            }
+            ImageSpec::Brought(r) | ImageSpec::Pinned(r) => pb::ImageSpec {
+                name: image.name.clone(),
+                kind: if matches!(image.spec, ImageSpec::Brought(_)) { pb::image_spec::Kind::Brought } else { pb::image_spec::Kind::Pinned } as i32,
+                reference: r.to_string(),
+                ..Default::default()
+            },
+        };
+        images.push(spec);
+    }
+    let target = match &manifest.target {
+        kiln_core::manifest::Target::Registry(r) => pb::Target { kind: pb::target::Kind::Registry as i32, registry: r.to_string(), ..Default::default() },
+        kiln_core::manifest::Target::Kind { cluster } => pb::Target { kind: pb::target::Kind::Kind as i32, cluster: cluster.clone(), ..Default::default() },
+        kiln_core::manifest::Target::Nodes { cluster } => pb::Target { kind: pb::target::Kind::Nodes as i32, cluster: cluster.clone(), ..Default::default() },
+        kiln_core::manifest::Target::Local => pb::Target { kind: pb::target::Kind::Local as i32, ..Default::default() },
+    };
+    let req = pb::UpRequest {
+        instance: manifest.instance.clone(),
+        target: Some(target),
+        platforms: manifest.platforms.oci().split(',').map(str::to_string).collect(),
+        images,
+        force,
+        requested_by: "e2e".to_string(),
+    };
+    (req, contexts)
+}
+
+/// Uploads `data` claiming `digest`, in 1 MiB chunks.
+pub async fn upload(url: &str, digest: &str, data: Vec<u8>) -> Result<pb::UploadReply, tonic::Status> {
+    let mut chunks: Vec<pb::UploadChunk> = data
+        .chunks(1 << 20)
+        .map(|c| pb::UploadChunk { digest: String::new(), data: c.to_vec().into() })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(pb::UploadChunk::default());
+    }
+    chunks[0].digest = digest.to_string();
+    let mut client = pb::content_store_client::ContentStoreClient::new(channel(url));
+    client.upload(tokio_stream::iter(chunks)).await.map(|r| r.into_inner())
+}
+
+/// Runs `Up`, uploading the contexts asked for, and returns every event.
+pub async fn up(url: &str, dir: &std::path::Path, force: bool) -> Vec<pb::ConvergeEvent> {
+    let (req, contexts) = up_request(dir, force);
+    let mut client = pb::kiln_client::KilnClient::new(channel(url));
+    let mut stream = client.up(req).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream.message().await.unwrap() {
+        if event.kind() == pb::converge_event::Kind::NeedContexts {
+            for digest in &event.contexts {
+                let (dir, opts) = &contexts[digest];
+                let tree = walk_tree(dir, opts).unwrap();
+                let mut bytes = Vec::new();
+                pack(&tree, &mut bytes).unwrap();
+                upload(url, digest, bytes).await.unwrap();
+            }
+        }
+        events.push(event);
+    }
+    events
+}
+
+/// The events of one kind, by image name.
+pub fn images_with(events: &[pb::ConvergeEvent], kind: pb::converge_event::Kind) -> Vec<String> {
+    events.iter().filter(|e| e.kind() == kind).map(|e| e.image.clone()).collect()
+}

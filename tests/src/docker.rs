@@ -32,14 +32,7 @@ pub fn plant_unlabeled(reference: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("planted"), reference).unwrap();
     let tar = dir.path().join("planted.tar");
-    let status = Command::new("tar")
-        .arg("-cf")
-        .arg(&tar)
-        .arg("-C")
-        .arg(dir.path())
-        .arg("planted")
-        .status()
-        .unwrap();
+    let status = Command::new("tar").arg("-cf").arg(&tar).arg("-C").arg(dir.path()).arg("planted").status().unwrap();
     assert!(status.success());
     let (ok, out) = docker(&["import", tar.to_str().unwrap(), reference]);
     assert!(ok, "docker import failed: {out}");
@@ -63,4 +56,37 @@ pub fn plant_other_farm(reference: &str, farm: &str) -> String {
         .unwrap();
     assert!(out.status.success(), "docker build failed: {}", String::from_utf8_lossy(&out.stderr));
     image_id(reference).unwrap()
+}
+
+/// The base image test Dockerfiles may `RUN` in: `kiln-test/busybox:1`, a `docker import` of a
+/// rootfs holding the static busybox and its applet links. Made once per daemon.
+pub const BUSYBOX: &str = "kiln-test/busybox:1";
+
+pub fn busybox_base() -> &'static str {
+    static MADE: std::sync::Once = std::sync::Once::new();
+    MADE.call_once(|| {
+        if image_id(BUSYBOX).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("rootfs/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static must be installed (scripts/setup)");
+        for applet in ["sh", "sleep", "echo", "cat", "true", "false", "ls"] {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+        }
+        let tar = dir.path().join("rootfs.tar");
+        let ok = Command::new("tar")
+            .arg("-cf")
+            .arg(&tar)
+            .arg("-C")
+            .arg(dir.path().join("rootfs"))
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let (ok, out) = docker(&["import", tar.to_str().unwrap(), BUSYBOX]);
+        assert!(ok, "docker import of the busybox base failed: {out}");
+    });
+    BUSYBOX
 }

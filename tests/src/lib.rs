@@ -8,6 +8,7 @@
 //! port and stops it by its PID.
 
 pub mod docker;
+pub mod fixture;
 pub mod registry;
 pub mod wire;
 
@@ -32,7 +33,12 @@ pub struct Counting {
 
 #[async_trait]
 impl HostStore for Counting {
-    async fn build(&self, context_archive: &Path, spec: &BuildSpec, log: mpsc::Sender<String>) -> Result<Built, HostError> {
+    async fn build(
+        &self,
+        context_archive: &Path,
+        spec: &BuildSpec,
+        log: mpsc::Sender<String>,
+    ) -> Result<Built, HostError> {
         self.builds.fetch_add(1, Ordering::SeqCst);
         self.inner.build(context_archive, spec, log).await
     }
@@ -61,7 +67,10 @@ pub struct Farm {
     pub farm_id: String,
     pub url: String,
     pub store: Arc<Counting>,
-    coordinator: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    /// The coordinator runs on a runtime of its own, so a test can crash it: dropping the runtime
+    /// drops every task it had (converges in flight included) with no chance to clean up.
+    coordinator: Option<(oneshot::Sender<()>, JoinHandle<()>, tokio::runtime::Runtime)>,
+    pub claim_lease: std::time::Duration,
     agent: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
 }
 
@@ -74,26 +83,66 @@ impl Farm {
             builds: AtomicUsize::new(0),
             pushes: AtomicUsize::new(0),
         });
-        let mut farm =
-            Farm { home: home.to_path_buf(), farm_id, url: String::new(), store, coordinator: None, agent: None };
+        let mut farm = Farm {
+            home: home.to_path_buf(),
+            farm_id,
+            url: String::new(),
+            store,
+            coordinator: None,
+            claim_lease: std::time::Duration::from_secs(600),
+            agent: None,
+        };
         farm.start_coordinator().await;
         farm.start_agent().await;
         farm
     }
 
     async fn start_coordinator(&mut self) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        self.url = format!("http://{}", listener.local_addr().unwrap());
-        let config = kiln_coordinator::Config::new(self.home.join("state"), self.farm_id.clone());
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        // Keep the port across restarts, so the agent's reconnect finds the new coordinator.
+        if self.url.is_empty() {
+            self.url = format!("http://{}", listener.local_addr().unwrap());
+        }
+        let addr = self.url.trim_start_matches("http://").to_string();
+        drop(listener);
+        let mut config = kiln_coordinator::Config::new(self.home.join("state"), self.farm_id.clone());
+        config.claim_lease = self.claim_lease;
         let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let task = runtime.spawn(async move {
+            // A crashed runtime lets go of its socket in the background: retry for a moment.
+            let mut listener = None;
+            for _ in 0..100 {
+                match tokio::net::TcpListener::bind(&addr).await {
+                    Ok(l) => {
+                        listener = Some(l);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+                }
+            }
+            let listener = listener.expect("coordinator port is free again");
             kiln_coordinator::serve(listener, config, async {
                 let _ = rx.await;
             })
             .await
             .expect("coordinator serves");
         });
-        self.coordinator = Some((tx, task));
+        self.coordinator = Some((tx, task, runtime));
+    }
+
+    /// Kills the coordinator mid-flight: its runtime and every task on it are dropped at once.
+    pub fn crash_coordinator(&mut self) {
+        if let Some((_, _, runtime)) = self.coordinator.take() {
+            runtime.shutdown_background();
+        }
+    }
+
+    /// Starts the coordinator again on the same port and state, and waits for the agent to return.
+    pub async fn restart_coordinator(&mut self) {
+        self.start_coordinator().await;
+        self.wait_for_agent().await;
     }
 
     async fn start_agent(&mut self) {
@@ -140,9 +189,14 @@ impl Farm {
 
     /// Stops the coordinator and the agent, waiting for both.
     pub async fn stop(&mut self) {
-        for (tx, task) in [self.agent.take(), self.coordinator.take()].into_iter().flatten() {
+        if let Some((tx, task)) = self.agent.take() {
             let _ = tx.send(());
             let _ = task.await;
+        }
+        if let Some((tx, task, runtime)) = self.coordinator.take() {
+            let _ = tx.send(());
+            let _ = task.await;
+            runtime.shutdown_background();
         }
     }
 
@@ -154,4 +208,9 @@ impl Farm {
         self.start_coordinator().await;
         self.start_agent().await;
     }
+}
+
+/// Milliseconds since the epoch, as the coordinator stamps claims.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }

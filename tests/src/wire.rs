@@ -14,7 +14,10 @@ pub fn channel(url: &str) -> Channel {
 }
 
 /// The `UpRequest` for an instance folder, and where each context digest's directory is.
-pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, BTreeMap<String, (PathBuf, kiln_core::digest::WalkOptions)>) {
+pub fn up_request(
+    dir: &std::path::Path,
+    force: bool,
+) -> (pb::UpRequest, BTreeMap<String, (PathBuf, kiln_core::digest::WalkOptions)>) {
     let manifest = Manifest::load(dir).unwrap();
     let mut contexts = BTreeMap::new();
     let mut images = Vec::new();
@@ -43,7 +46,11 @@ pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, BTreeMa
             }
             ImageSpec::Brought(r) | ImageSpec::Pinned(r) => pb::ImageSpec {
                 name: image.name.clone(),
-                kind: if matches!(image.spec, ImageSpec::Brought(_)) { pb::image_spec::Kind::Brought } else { pb::image_spec::Kind::Pinned } as i32,
+                kind: if matches!(image.spec, ImageSpec::Brought(_)) {
+                    pb::image_spec::Kind::Brought
+                } else {
+                    pb::image_spec::Kind::Pinned
+                } as i32,
                 reference: r.to_string(),
                 ..Default::default()
             },
@@ -51,9 +58,15 @@ pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, BTreeMa
         images.push(spec);
     }
     let target = match &manifest.target {
-        kiln_core::manifest::Target::Registry(r) => pb::Target { kind: pb::target::Kind::Registry as i32, registry: r.to_string(), ..Default::default() },
-        kiln_core::manifest::Target::Kind { cluster } => pb::Target { kind: pb::target::Kind::Kind as i32, cluster: cluster.clone(), ..Default::default() },
-        kiln_core::manifest::Target::Nodes { cluster } => pb::Target { kind: pb::target::Kind::Nodes as i32, cluster: cluster.clone(), ..Default::default() },
+        kiln_core::manifest::Target::Registry(r) => {
+            pb::Target { kind: pb::target::Kind::Registry as i32, registry: r.to_string(), ..Default::default() }
+        }
+        kiln_core::manifest::Target::Kind { cluster } => {
+            pb::Target { kind: pb::target::Kind::Kind as i32, cluster: cluster.clone(), ..Default::default() }
+        }
+        kiln_core::manifest::Target::Nodes { cluster } => {
+            pb::Target { kind: pb::target::Kind::Nodes as i32, cluster: cluster.clone(), ..Default::default() }
+        }
         kiln_core::manifest::Target::Local => pb::Target { kind: pb::target::Kind::Local as i32, ..Default::default() },
     };
     let req = pb::UpRequest {
@@ -69,10 +82,8 @@ pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, BTreeMa
 
 /// Uploads `data` claiming `digest`, in 1 MiB chunks.
 pub async fn upload(url: &str, digest: &str, data: Vec<u8>) -> Result<pb::UploadReply, tonic::Status> {
-    let mut chunks: Vec<pb::UploadChunk> = data
-        .chunks(1 << 20)
-        .map(|c| pb::UploadChunk { digest: String::new(), data: c.to_vec().into() })
-        .collect();
+    let mut chunks: Vec<pb::UploadChunk> =
+        data.chunks(1 << 20).map(|c| pb::UploadChunk { digest: String::new(), data: c.to_vec().into() }).collect();
     if chunks.is_empty() {
         chunks.push(pb::UploadChunk::default());
     }

@@ -83,7 +83,7 @@ async fn exactly_what_changed_is_rebuilt() {
     let dir = example("hello", tmp.path(), "hello", &unique("edit"), None);
     let mut farm = Farm::start(&tmp.path().join("home")).await;
     assert!(succeeded(&up(&farm.url, &dir, false).await));
-    let mut old_refs = vec![reference(&dir, "web"), reference(&dir, "worker")];
+    let old_refs = [reference(&dir, "web"), reference(&dir, "worker")];
 
     // Only mtimes move: nothing is rebuilt.
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);

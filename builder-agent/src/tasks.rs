@@ -127,6 +127,10 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
         Ok(pushed) => {
             Ok(Outcome::Pushed(pb::Pushed { digest: pushed.digest.unwrap_or_default(), bytes: pushed.bytes }))
         }
+        // Swept between the check above and the push itself: still a reason to rebuild.
+        Err(_) if matches!(ctx.store.inspect(&p.reference).await, Ok(None)) => {
+            Err((ErrorKind::ImageGone, format!("{} left this host during its push", p.reference)))
+        }
         Err(err) => Err(failed(crate::host::chain(&err))),
     }
 }

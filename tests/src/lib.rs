@@ -29,6 +29,9 @@ pub struct Counting {
     inner: DockerStore,
     pub builds: AtomicUsize,
     pub pushes: AtomicUsize,
+    /// Pushes still to sabotage: each untags its image first, as a sweep elsewhere might between
+    /// a build and its delivery.
+    pub sweep_before_push: AtomicUsize,
 }
 
 #[async_trait]
@@ -50,6 +53,10 @@ impl HostStore for Counting {
     }
     async fn push(&self, reference: &str, progress: mpsc::Sender<PushProgress>) -> Result<Pushed, HostError> {
         self.pushes.fetch_add(1, Ordering::SeqCst);
+        let sabotage = self.sweep_before_push.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if sabotage.is_ok() {
+            self.inner.remove_tag(reference).await?;
+        }
         self.inner.push(reference, progress).await
     }
     async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError> {
@@ -82,6 +89,7 @@ impl Farm {
             inner: DockerStore::connect_local().await.expect("the Docker daemon must run for end-to-end tests"),
             builds: AtomicUsize::new(0),
             pushes: AtomicUsize::new(0),
+            sweep_before_push: AtomicUsize::new(0),
         });
         let mut farm = Farm {
             home: home.to_path_buf(),

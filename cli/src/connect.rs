@@ -229,16 +229,12 @@ mod tests {
                 Some(&self.0)
             }
         }
-        let refused = Wrapper(std::io::Error::from_raw_os_error(libc_econnrefused()));
+        // 111 is Linux's ECONNREFUSED; the message shows its strerror, lowercased.
+        let refused = Wrapper(std::io::Error::from_raw_os_error(111));
         assert_eq!(reason(&refused), "connection refused");
         assert!(never_delivered(&refused));
         let reset = Wrapper(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert!(!never_delivered(&reset), "a reset may come after the request left");
-    }
-
-    fn libc_econnrefused() -> i32 {
-        // Linux's ECONNREFUSED; the test asserts the strerror text the message shows for it.
-        111
     }
 
     #[tokio::test]

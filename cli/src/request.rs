@@ -42,7 +42,8 @@ struct Addressed {
 }
 
 /// Walks every built image's context in parallel and builds the request. Brought and pinned
-/// images pass through with their refs; nothing about them is checked or touched.
+/// images pass through with their refs (in Docker's familiar form, which normalizes to the ref as
+/// written); nothing about them is checked or touched.
 pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
     let built: Vec<(usize, &str, &kiln_core::manifest::BuiltImage)> = manifest

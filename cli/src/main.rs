@@ -1,29 +1,108 @@
-//! `kiln`, the thin client. Today it carries the plumbing commands over `kiln-core` — the same
-//! functions the coordinator and the agents will call — so a user can see exactly what a tag
-//! addresses: `digest`, `pack`, `unpack`, and `refs` (the walk-and-address step of `kiln up`).
-//!
-//! Exit codes: 0 success; 1 the command failed (the message names the object and the fix);
-//! 2 the command line was wrong.
+//! `kiln`: the command line over the `kiln` library. Parsing and exit codes live here; everything
+//! else is in `lib.rs` and its modules, so the tests run what a user runs.
 
-mod plumbing;
-
-use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use kiln::error::report;
+use kiln::{CliError, Connect, Exit, OutputMode};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  converged (or the command did what it was asked)
+  1  the converge failed (the message names the image and why), or the command failed
+  2  usage or manifest error (kiln.toml:<line>: …); nothing was asked of the coordinator
+  3  the coordinator cannot be reached, or the embedded one did not come up
+
+Without --coordinator (or KILN_COORDINATOR), up/status/logs/images/agents start an embedded
+coordinator and host agent in this process, with their state in $KILN_HOME
+(default ~/.local/share/kiln), shared by every instance you converge.";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "kiln",
     version,
-    about = "Content-addressed container images: built once, delivered, swept by reachability"
+    about = "Content-addressed container images: built once, delivered, swept by reachability",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
+/// Which coordinator to talk to, and how to print.
+#[derive(Args, Debug)]
+struct Remote {
+    /// The coordinator's URL, e.g. http://127.0.0.1:7070. Without it, an embedded coordinator and
+    /// host agent run in this process with their state in $KILN_HOME.
+    #[arg(long, env = "KILN_COORDINATOR", value_name = "URL")]
+    coordinator: Option<String>,
+    /// Print JSON: one object per event (up, logs), one document otherwise.
+    #[arg(long)]
+    json: bool,
+    /// How long to keep retrying a coordinator that cannot be reached, in seconds.
+    #[arg(long, env = "KILN_RETRY_WINDOW", value_name = "SECS", default_value_t = 90)]
+    retry_window: u64,
+}
+
+impl Remote {
+    fn connect(&self) -> Connect {
+        Connect {
+            coordinator: self.coordinator.clone().filter(|url| !url.is_empty()),
+            kiln_home: None,
+            retry_window: Duration::from_secs(self.retry_window),
+        }
+    }
+
+    fn output(&self) -> OutputMode {
+        if self.json {
+            OutputMode::Json
+        } else {
+            OutputMode::Auto
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Converge an instance: build what changed, deliver it, record it, sweep what nothing needs.
+    Up {
+        /// The instance folder holding `kiln.toml`.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Rebuild and redeliver every built image, whatever is recorded or held.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show the recorded images of every instance (or one) and the recent converges.
+    Status {
+        instance: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Replay a converge's events; with --follow, keep going until it finishes.
+    Logs {
+        /// The converge id (`kiln status` lists them).
+        id: String,
+        #[arg(long)]
+        follow: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List the images in every store the agents manage.
+    Images {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List the agents the coordinator knows.
+    Agents {
+        #[command(flatten)]
+        remote: Remote,
+    },
     /// Print the tree digest of a build context (what its content tag addresses).
     Digest {
         /// The context directory.
@@ -63,17 +142,68 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Digest { dir, list, dockerfile } => plumbing::digest(&dir, list, dockerfile),
-        Command::Pack { dir, output, dockerfile } => plumbing::pack(&dir, &output, dockerfile),
-        Command::Unpack { file, dir, expect } => plumbing::unpack(&file, &dir, expect.as_deref()),
-        Command::Refs { dir } => plumbing::refs(&dir),
+    let plumbing = match cli.command {
+        Command::Digest { dir, list, dockerfile } => Some(kiln::plumbing::digest(&dir, list, dockerfile)),
+        Command::Pack { dir, output, dockerfile } => Some(kiln::plumbing::pack(&dir, &output, dockerfile)),
+        Command::Unpack { file, dir, expect } => Some(kiln::plumbing::unpack(&file, &dir, expect.as_deref())),
+        Command::Refs { dir } => Some(kiln::plumbing::refs(&dir)),
+        command => return run(command),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
+    match plumbing {
+        Some(Err(err)) => {
             eprintln!("kiln: {err:#}");
             ExitCode::FAILURE
+        }
+        _ => ExitCode::SUCCESS,
+    }
+}
+
+/// The commands that talk to a coordinator.
+fn run(command: Command) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("kiln: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(command)) {
+        Ok(exit) => ExitCode::from(exit.code()),
+        Err(err) => {
+            eprintln!("kiln: {}", report(&err));
+            ExitCode::from(err.exit().code())
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> Result<Exit, CliError> {
+    match command {
+        Command::Up { dir, force, remote } => {
+            let args = kiln::UpArgs { dir, force, connect: remote.connect(), output: remote.output() };
+            let outcome = kiln::up(args).await?;
+            if let Some(failure) = &outcome.failure {
+                eprintln!("kiln: converge {} failed: {failure}", outcome.converge_id);
+            }
+            Ok(outcome.exit())
+        }
+        Command::Status { instance, remote } => {
+            let args = kiln::StatusArgs { instance, connect: remote.connect(), output: remote.output() };
+            kiln::status(args).await.map(|_| Exit::Converged)
+        }
+        Command::Logs { id, follow, remote } => {
+            let args = kiln::LogsArgs { converge_id: id, follow, connect: remote.connect(), output: remote.output() };
+            kiln::logs(args).await.map(|_| Exit::Converged)
+        }
+        Command::Images { remote } => {
+            let args = kiln::ListArgs { connect: remote.connect(), output: remote.output() };
+            kiln::images(args).await.map(|_| Exit::Converged)
+        }
+        Command::Agents { remote } => {
+            let args = kiln::ListArgs { connect: remote.connect(), output: remote.output() };
+            kiln::agents(args).await.map(|_| Exit::Converged)
+        }
+        Command::Digest { .. } | Command::Pack { .. } | Command::Unpack { .. } | Command::Refs { .. } => {
+            unreachable!("the plumbing commands run without a runtime")
         }
     }
 }

@@ -1,0 +1,249 @@
+//! Reaching a coordinator: dialing on the retry ladder, and turning transport failures into
+//! messages that name the address and the OS error (DESIGN.md "Talking across the network").
+//!
+//! Two kinds of call, two rules. Reads (status, images, agents, the start of logs) are asked again
+//! on any transport failure. `Up` is an action: it is sent again only when the connection was never
+//! made, because a converge the coordinator did receive must not be started twice.
+
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use kiln_core::retry::{retry_measured, Attempt, Clock, Ladder, LadderConfig};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::CliError;
+
+/// A connected coordinator: its address (for messages) and a channel to it.
+#[derive(Clone, Debug)]
+pub struct Link {
+    pub url: String,
+    pub channel: Channel,
+    /// How long transport failures of reads are retried.
+    pub window: Duration,
+}
+
+/// A single attempt never waits longer than this for the TCP handshake, so an address that drops
+/// packets becomes a retry (and, at the window's end, a message) instead of the kernel's 2 minutes.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Parses `url` into an endpoint with Kiln's timeouts; a malformed one is a usage error.
+pub fn endpoint(url: &str) -> Result<Endpoint, CliError> {
+    let bad = |why: &str| CliError::BadUrl { url: url.to_string(), why: why.to_string() };
+    let rest = match url.split_once("://") {
+        Some(("http", rest)) => rest,
+        Some(("https", _)) => return Err(bad("https is not supported by this build — use http://host:port")),
+        _ => return Err(bad("write it as http://host:port, e.g. http://127.0.0.1:7070")),
+    };
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(bad("it names no host — write it as http://host:port"));
+    }
+    let endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|_| bad("it is not a URL — write it as http://host:port"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        // A converge can stream silence for minutes during a long build step; keepalives let a dead
+        // coordinator be noticed without cutting a quiet one off.
+        .http2_keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    Ok(endpoint)
+}
+
+/// Connects to `url`, retrying refused or failed connections on the ladder for `window`.
+pub async fn dial(url: &str, window: Duration) -> Result<Link, CliError> {
+    let endpoint = endpoint(url)?;
+    let channel = on_ladder("kiln.connect", url, window, || {
+        let endpoint = endpoint.clone();
+        async move { endpoint.connect().await.map_err(|err| Attempt::Retry(reason(&err))) }
+    })
+    .await?;
+    Ok(Link { url: url.to_string(), channel, window })
+}
+
+/// Runs `op` on the retry ladder; prints ADR-0042's routability line when retrying cost something,
+/// and turns a give-up into [`CliError::Unreachable`] naming `url` and the last reason.
+pub async fn on_ladder<T, F, Fut>(seat: &str, url: &str, window: Duration, op: F) -> Result<T, CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, Attempt<String>>>,
+{
+    let mut ladder = Ladder::new(LadderConfig::with_window(window), seed());
+    match retry_measured(&mut ladder, &TokioClock, op).await {
+        Ok(done) => {
+            if let Some(line) = done.routability_line(seat, url) {
+                eprintln!("{line}");
+            }
+            Ok(done.value)
+        }
+        Err(gave_up) => {
+            if gave_up.attempts > 1 {
+                eprintln!("{}", gave_up.routability_line(seat, url));
+            }
+            Err(CliError::Unreachable { url: url.to_string(), reason: gave_up.last })
+        }
+    }
+}
+
+/// How a call may be re-sent after a transport failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An idempotent read: re-asked on any transport failure (tonic's `Unavailable`).
+    Read,
+    /// An action: re-sent only when the connection was never made, since one that reached the
+    /// coordinator must not run twice.
+    Action,
+}
+
+/// Makes `call` on the ladder according to its [`Kind`]. A status that is the coordinator's own
+/// answer (anything but a transport failure) is never retried and fails as [`CliError::Refused`].
+pub async fn call<T, F, Fut>(link: &Link, call: &'static str, kind: Kind, mut op: F) -> Result<T, CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, tonic::Status>>,
+{
+    // The status that stopped the ladder is kept whole (its code decides the exit code); the
+    // ladder itself only needs a line of text.
+    let stopped = std::cell::RefCell::new(None);
+    let seat = format!("kiln.{call}");
+    let result = on_ladder(&seat, &link.url, link.window, || {
+        let attempt = op();
+        let stopped = &stopped;
+        async move {
+            match attempt.await {
+                Ok(value) => Ok(value),
+                Err(status) => {
+                    let retry =
+                        status.code() == tonic::Code::Unavailable && (kind == Kind::Read || never_delivered(&status));
+                    if retry {
+                        return Err(Attempt::Retry(reason(&status)));
+                    }
+                    *stopped.borrow_mut() = Some(status);
+                    Err(Attempt::Fatal(String::new()))
+                }
+            }
+        }
+    })
+    .await;
+    match (result, stopped.into_inner()) {
+        (Ok(value), _) => Ok(value),
+        (Err(_), Some(status)) => Err(refused_by(link, call, status)),
+        (Err(err), None) => Err(err),
+    }
+}
+
+/// The coordinator's error answer to `call`, or — for a transport failure — the unreachable
+/// address with the OS's reason.
+pub fn refused_by(link: &Link, call: &'static str, status: tonic::Status) -> CliError {
+    if status.code() == tonic::Code::Unavailable {
+        return CliError::Unreachable { url: link.url.clone(), reason: reason(&status) };
+    }
+    CliError::Refused { url: link.url.clone(), call, code: status.code(), message: status.message().to_string() }
+}
+
+/// True when `err` says the connection was never made (so the request cannot have been received).
+pub fn never_delivered(err: &(dyn StdError + 'static)) -> bool {
+    use std::io::ErrorKind::*;
+    chain(err)
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .any(|io| matches!(io.kind(), ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable))
+}
+
+/// The OS's word for a transport failure (`connection refused`), found beneath tonic's and hyper's
+/// wrappers; failing that, the innermost cause's text, which is never the bare "transport error".
+pub fn reason(err: &(dyn StdError + 'static)) -> String {
+    if let Some(io) = chain(err).find_map(|e| e.downcast_ref::<std::io::Error>()) {
+        return io_reason(io);
+    }
+    let innermost = chain(err).last().map(|e| e.to_string()).unwrap_or_default();
+    if innermost.is_empty() {
+        "the connection failed without a reason".to_string()
+    } else {
+        innermost
+    }
+}
+
+/// `strerror` without its `(os error N)` suffix, lowercased like the rest of Kiln's messages.
+fn io_reason(io: &std::io::Error) -> String {
+    match io.raw_os_error() {
+        Some(errno) => {
+            let text = std::io::Error::from_raw_os_error(errno).to_string();
+            let text = text.split(" (os error").next().unwrap_or(&text).to_string();
+            let mut chars = text.chars();
+            match chars.next() {
+                Some(first) => first.to_lowercase().chain(chars).collect(),
+                None => format!("os error {errno}"),
+            }
+        }
+        None if io.kind() == std::io::ErrorKind::TimedOut => "timed out".to_string(),
+        None => io.to_string(),
+    }
+}
+
+fn chain<'a>(err: &'a (dyn StdError + 'static)) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(Some(err), |&e| e.source())
+}
+
+fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos());
+    u64::from(std::process::id()) << 32 | u64::from(nanos.unwrap_or(0))
+}
+
+/// The ladder's clock on tokio time, so a paused test clock drives it.
+struct TokioClock;
+
+impl Clock for TokioClock {
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(duration)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_without_http_are_usage_errors_naming_the_form() {
+        for url in ["127.0.0.1:7070", "https://farm:7070", "http://", "ftp://x"] {
+            let err = endpoint(url).expect_err(url);
+            assert_eq!(err.exit(), crate::Exit::Usage, "{url}");
+            assert!(err.to_string().contains(url), "{err}");
+        }
+        assert!(endpoint("http://127.0.0.1:7070").is_ok());
+    }
+
+    #[test]
+    fn the_reason_is_the_os_error_beneath_the_wrappers() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("transport error")
+            }
+        }
+        impl StdError for Wrapper {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        // 111 is Linux's ECONNREFUSED; the message shows its strerror, lowercased.
+        let refused = Wrapper(std::io::Error::from_raw_os_error(111));
+        assert_eq!(reason(&refused), "connection refused");
+        assert!(never_delivered(&refused));
+        let reset = Wrapper(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(!never_delivered(&reset), "a reset may come after the request left");
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable_after_the_window_naming_the_address() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let err = dial(&url, Duration::from_secs(2)).await.expect_err("nothing listens");
+        assert_eq!(err.exit(), crate::Exit::Unreachable);
+        assert_eq!(err.to_string(), format!("cannot reach the coordinator at {url}: connection refused"));
+    }
+}

@@ -1,0 +1,212 @@
+//! The embedded default: with no `--coordinator`, a command starts the real coordinator
+//! (`kiln_coordinator::serve`) and a host agent (`kiln_agent::run`) in this process, runs against
+//! them, and shuts both down before it returns.
+//!
+//! They are exactly the code a farm runs, started on `127.0.0.1:0`, with their state in
+//! `$KILN_HOME` — one per user, shared by every instance converged from this account. A command
+//! starts only once the agent is connected, because a converge that starts before any host store
+//! is known would find nothing held and rebuild everything; and every wait is bounded, failing with
+//! the part that did not come up.
+
+use std::future::Future;
+use std::time::Duration;
+
+use kiln_agent::AgentConfig;
+use kiln_coordinator::Config;
+use kiln_proto::v1::kiln_client::KilnClient;
+use kiln_proto::v1::AgentsRequest;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::connect::{self, Link};
+use crate::error::CliError;
+use crate::home::EmbeddedSite;
+use crate::Connect;
+
+/// How long the embedded agent has to connect.
+pub const AGENT_WAIT: Duration = Duration::from_secs(10);
+
+/// How long each embedded part has to stop once asked.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// The running embedded coordinator and agent.
+#[derive(Debug)]
+pub struct Embedded {
+    pub site: EmbeddedSite,
+    pub url: String,
+    /// `None` once its end has been awaited (a part that stopped early is reported once).
+    coordinator: Option<JoinHandle<Result<(), kiln_coordinator::ServeError>>>,
+    agent: Option<JoinHandle<Result<(), kiln_agent::RunError>>>,
+    stop_coordinator: oneshot::Sender<()>,
+    stop_agent: Option<oneshot::Sender<()>>,
+}
+
+impl Embedded {
+    /// Starts the coordinator on a fresh loopback port and, when `with_agent`, the host agent, and
+    /// waits (at most [`AGENT_WAIT`]) until the coordinator answers — and lists the agent as
+    /// connected, when there is one.
+    pub async fn start(site: EmbeddedSite, with_agent: bool, window: Duration) -> Result<(Embedded, Link), CliError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|err| CliError::Unreachable { url: "127.0.0.1:0".into(), reason: connect::reason(&err) })?;
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
+        let url = format!("http://127.0.0.1:{port}");
+
+        let (stop_coordinator, stopped) = oneshot::channel::<()>();
+        let config = Config::new(site.state_dir(), site.farm.clone());
+        let coordinator = tokio::spawn(kiln_coordinator::serve(listener, config, async move {
+            let _ = stopped.await;
+        }));
+        let mut embedded = Embedded {
+            site,
+            url: url.clone(),
+            coordinator: Some(coordinator),
+            agent: None,
+            stop_coordinator,
+            stop_agent: None,
+        };
+
+        if with_agent {
+            let (stop_agent, stopped) = oneshot::channel::<()>();
+            let config = AgentConfig {
+                coordinator: url.clone(),
+                agent_id: embedded.site.agent_id(),
+                scratch_dir: embedded.site.scratch_dir(),
+            };
+            embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
+                let _ = stopped.await;
+            })));
+            embedded.stop_agent = Some(stop_agent);
+        }
+
+        match embedded.until_ready(window).await {
+            Ok(link) => Ok((embedded, link)),
+            Err(err) => {
+                // What the other part says while stopping is a consequence of `err`, not news.
+                embedded.stop(false).await;
+                Err(err)
+            }
+        }
+    }
+
+    async fn until_ready(&mut self, window: Duration) -> Result<Link, CliError> {
+        let channel = connect::endpoint(&self.url)?.connect_lazy();
+        let link = Link { url: self.url.clone(), channel, window };
+        let mut client = KilnClient::new(link.channel.clone());
+        let agent_id = self.site.agent_id();
+        let deadline = tokio::time::Instant::now() + AGENT_WAIT;
+        loop {
+            self.check_alive().await?;
+            if let Ok(reply) = client.agents(AgentsRequest {}).await {
+                let ready = match self.agent {
+                    None => true,
+                    Some(_) => reply.into_inner().agents.iter().any(|a| a.connected && a.id == agent_id),
+                };
+                if ready {
+                    return Ok(link);
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(match self.agent {
+                    Some(_) => {
+                        CliError::AgentTimeout { agent: agent_id, url: self.url.clone(), secs: AGENT_WAIT.as_secs() }
+                    }
+                    None => CliError::Unreachable {
+                        url: self.url.clone(),
+                        reason: format!("the embedded coordinator did not answer within {} s", AGENT_WAIT.as_secs()),
+                    },
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Fails with the part that stopped, and why, if either has.
+    async fn check_alive(&mut self) -> Result<(), CliError> {
+        if let Some(coordinator) = self.coordinator.take_if(|c| c.is_finished()) {
+            let state = self.site.state_dir();
+            return Err(match coordinator.await {
+                Ok(Err(err)) => CliError::CoordinatorDown { state, err },
+                Ok(Ok(())) => CliError::CoordinatorStopped { state },
+                Err(_) => CliError::EmbeddedPanicked { what: "coordinator" },
+            });
+        }
+        if let Some(agent) = self.agent.take_if(|a| a.is_finished()) {
+            let id = self.site.agent_id();
+            let result = agent.await;
+            return Err(match result {
+                Ok(Err(err)) => CliError::AgentDown { agent: id, err },
+                Ok(Ok(())) => CliError::AgentStopped { agent: id },
+                Err(_) => CliError::EmbeddedPanicked { what: "agent" },
+            });
+        }
+        Ok(())
+    }
+
+    /// Stops the agent, then the coordinator, waiting a bounded time for each. A part that fails
+    /// to stop cleanly is reported on stderr; the command's own outcome stands.
+    pub async fn shutdown(self) {
+        self.stop(true).await;
+    }
+
+    async fn stop(self, report: bool) {
+        if let Some(stop) = self.stop_agent {
+            let _ = stop.send(());
+        }
+        if let Some(agent) = self.agent {
+            let stopped = bounded(agent).await;
+            if report {
+                report_stop("agent", stopped);
+            }
+        }
+        let _ = self.stop_coordinator.send(());
+        if let Some(coordinator) = self.coordinator {
+            let stopped = bounded(coordinator).await;
+            if report {
+                report_stop("coordinator", stopped);
+            }
+        }
+    }
+}
+
+/// Waits at most [`STOP_WAIT`] for `task`, then aborts it: a part that ignores its shutdown must
+/// not keep the command from exiting.
+async fn bounded<T>(mut task: JoinHandle<T>) -> Result<Result<T, tokio::task::JoinError>, tokio::time::error::Elapsed> {
+    let stopped = tokio::time::timeout(STOP_WAIT, &mut task).await;
+    if stopped.is_err() {
+        task.abort();
+    }
+    stopped
+}
+
+type Stopped<E> = Result<Result<Result<(), E>, tokio::task::JoinError>, tokio::time::error::Elapsed>;
+
+fn report_stop<E: std::error::Error + 'static>(what: &str, result: Stopped<E>) {
+    match result {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => {
+            eprintln!("kiln: warning: the embedded {what} stopped with an error: {}", crate::error::report(&err))
+        }
+        Ok(Err(_)) => eprintln!("kiln: warning: the embedded {what} panicked while stopping"),
+        Err(_) => eprintln!("kiln: warning: the embedded {what} did not stop within {} s", STOP_WAIT.as_secs()),
+    }
+}
+
+/// Runs `command` against the coordinator `connect` names — or, with none, against an embedded
+/// one started for it (with its host agent when `need_agent`) and shut down after.
+pub async fn with_coordinator<T, F, Fut>(connect: &Connect, need_agent: bool, command: F) -> Result<T, CliError>
+where
+    F: FnOnce(Link) -> Fut,
+    Fut: Future<Output = Result<T, CliError>>,
+{
+    match &connect.coordinator {
+        Some(url) => command(connect::dial(url, connect.retry_window).await?).await,
+        None => {
+            let site = EmbeddedSite::prepare(connect.kiln_home.as_deref())?;
+            let (embedded, link) = Embedded::start(site, need_agent, connect.retry_window).await?;
+            let result = command(link).await;
+            embedded.shutdown().await;
+            result
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! What a command can fail with, and the exit code each failure is.
+//!
+//! The codes are a contract with scripts and CI (`kiln up || …`): 0 converged, 1 the converge (or
+//! the command) failed, 2 the command line or the manifest is wrong, 3 the coordinator cannot be
+//! reached. A script can retry on 3 and must not on 2, so a failure is put in the class of its
+//! cause, not of the place it surfaced.
+
+use std::path::PathBuf;
+
+use kiln_core::manifest::{AddressError, ManifestError};
+use kiln_core::refs::ContentTagError;
+
+use crate::upload::UploadError;
+
+/// The process exit code of a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Exit {
+    /// 0: the converge succeeded (or the command did what it was asked).
+    Converged = 0,
+    /// 1: the converge failed; the message names the image and why.
+    Failed = 1,
+    /// 2: the command line or the manifest is wrong; nothing was asked of the coordinator.
+    Usage = 2,
+    /// 3: the coordinator (or the embedded one) cannot be reached.
+    Unreachable = 3,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Why a command stopped. `Display` is the message for the user; the cause, when there is one,
+/// is the `source`, printed after it.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Displays as `Manifest` gives it: `<file>:<line>: <problem>`.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error("built image {image:?} cannot be addressed")]
+    Address {
+        image: String,
+        #[source]
+        err: AddressError,
+    },
+    #[error("built image {image:?} cannot be given a content tag")]
+    ContentTag {
+        image: String,
+        #[source]
+        err: ContentTagError,
+    },
+    #[error("built image {image:?}: Dockerfile {path} changed while it was read — re-run once it is quiet")]
+    DockerfileChanged { image: String, path: PathBuf },
+    #[error("coordinator address {url:?} is not usable: {why}")]
+    BadUrl { url: String, why: String },
+    /// `reason` is the OS's word for it (`connection refused`), never the transport's wrapper.
+    #[error("cannot reach the coordinator at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("no home for the embedded coordinator — set KILN_HOME (or HOME), or pass --coordinator URL")]
+    NoHome,
+    #[error("cannot prepare KILN_HOME {path}")]
+    Home {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("the embedded coordinator (state in {state}) did not start")]
+    CoordinatorDown {
+        state: PathBuf,
+        #[source]
+        err: kiln_coordinator::ServeError,
+    },
+    #[error("the embedded coordinator (state in {state}) stopped before it was asked to")]
+    CoordinatorStopped { state: PathBuf },
+    #[error("the embedded agent {agent} did not start")]
+    AgentDown {
+        agent: String,
+        #[source]
+        err: kiln_agent::RunError,
+    },
+    #[error("the embedded agent {agent} stopped before it connected")]
+    AgentStopped { agent: String },
+    #[error(
+        "the embedded agent {agent} did not connect to the coordinator at {url} within {secs} s — is the Docker \
+         daemon running and readable by this user?"
+    )]
+    AgentTimeout { agent: String, url: String, secs: u64 },
+    #[error("the embedded {what} panicked")]
+    EmbeddedPanicked { what: &'static str },
+    /// The coordinator answered the call with an error; `message` is its word for why.
+    #[error("the coordinator at {url} refused {call}: {message}")]
+    Refused { url: String, call: &'static str, code: tonic::Code, message: String },
+    #[error(
+        "the coordinator at {url} ended the events of converge {converge_id} before it finished — \
+         `kiln logs {converge_id}` shows how it ended"
+    )]
+    StreamEnded { url: String, converge_id: String },
+    #[error("cannot upload context {dir} (tree {short})")]
+    Upload {
+        dir: PathBuf,
+        short: String,
+        /// Boxed: an archive error is large, and every command's `Result` would carry its size.
+        #[source]
+        err: Box<UploadError>,
+    },
+    #[error("the coordinator asked for context {digest}, which no built image of this manifest has")]
+    UnknownContext { digest: String },
+    #[error("cannot write the output")]
+    Output(#[source] std::io::Error),
+    #[error("the {what} task panicked")]
+    Panicked { what: &'static str },
+}
+
+impl CliError {
+    /// The exit code this failure is.
+    pub fn exit(&self) -> Exit {
+        match self {
+            CliError::Manifest(_)
+            | CliError::Address { .. }
+            | CliError::ContentTag { .. }
+            | CliError::DockerfileChanged { .. }
+            | CliError::BadUrl { .. }
+            | CliError::NoHome => Exit::Usage,
+            // The coordinator judged the request itself malformed: the user's input, not the converge.
+            CliError::Refused { code: tonic::Code::InvalidArgument, .. } => Exit::Usage,
+            CliError::Unreachable { .. }
+            | CliError::CoordinatorDown { .. }
+            | CliError::CoordinatorStopped { .. }
+            | CliError::AgentDown { .. }
+            | CliError::AgentStopped { .. }
+            | CliError::AgentTimeout { .. }
+            | CliError::EmbeddedPanicked { .. } => Exit::Unreachable,
+            CliError::Home { .. }
+            | CliError::Refused { .. }
+            | CliError::StreamEnded { .. }
+            | CliError::Upload { .. }
+            | CliError::UnknownContext { .. }
+            | CliError::Output(_)
+            | CliError::Panicked { .. } => Exit::Failed,
+        }
+    }
+}
+
+/// The full message of an error: its own text, then each source's, joined by `: `.
+pub fn report(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn each_class_of_failure_has_its_code() {
+        let manifest = kiln_core::manifest::Manifest::parse("instance = \"x\"\n", Path::new("/tmp/kiln.toml"))
+            .expect_err("a manifest without images or target is refused");
+        assert_eq!(CliError::Manifest(manifest).exit(), Exit::Usage);
+        assert_eq!(CliError::BadUrl { url: "x".into(), why: "no scheme".into() }.exit(), Exit::Usage);
+        let unreachable =
+            CliError::Unreachable { url: "http://127.0.0.1:1".into(), reason: "connection refused".into() };
+        assert_eq!(unreachable.exit(), Exit::Unreachable);
+        assert_eq!(unreachable.exit().code(), 3);
+        assert_eq!(
+            CliError::AgentTimeout { agent: "embedded-h".into(), url: "http://127.0.0.1:9".into(), secs: 10 }.exit(),
+            Exit::Unreachable
+        );
+        let refused = |code| CliError::Refused { url: "u".into(), call: "Up", code, message: "m".into() };
+        assert_eq!(refused(tonic::Code::InvalidArgument).exit(), Exit::Usage);
+        assert_eq!(refused(tonic::Code::FailedPrecondition).exit(), Exit::Failed);
+        assert_eq!(CliError::StreamEnded { url: "u".into(), converge_id: "c".into() }.exit().code(), 1);
+        assert_eq!(Exit::Converged.code(), 0);
+    }
+
+    #[test]
+    fn the_report_chains_sources_once_each() {
+        let err = CliError::Home {
+            path: "/nowhere/kiln".into(),
+            err: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        assert_eq!(report(&err), "cannot prepare KILN_HOME /nowhere/kiln: permission denied");
+    }
+}

@@ -1,0 +1,239 @@
+//! A converge's events as the CLI sees them: the wire's `ConvergeEvent` converted once at the edge,
+//! so the renderers and the callers of [`crate::up`] never touch prost types.
+//!
+//! A kind this CLI does not know (a newer coordinator added one) is kept as [`EventKind::Unknown`]
+//! and rendered as a note rather than dropped or treated as an error: within kiln.v1 kinds are only
+//! ever added, and an older CLI must still show a newer coordinator's converge.
+
+use kiln_proto::v1::{converge_event, ConvergeEvent};
+use serde::Serialize;
+
+/// What an event says happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Started,
+    NeedContexts,
+    Uploaded,
+    Recorded,
+    Held,
+    Building,
+    BuildLog,
+    Built,
+    Pushing,
+    Pushed,
+    Delivered,
+    Note,
+    Failed,
+    Finished,
+    Progress,
+    /// A kind from a newer coordinator, with its wire number.
+    Unknown(i32),
+}
+
+impl EventKind {
+    /// The lowercase word `--json` prints for this kind.
+    pub fn word(self) -> &'static str {
+        match self {
+            EventKind::Started => "started",
+            EventKind::NeedContexts => "need_contexts",
+            EventKind::Uploaded => "uploaded",
+            EventKind::Recorded => "recorded",
+            EventKind::Held => "held",
+            EventKind::Building => "building",
+            EventKind::BuildLog => "build_log",
+            EventKind::Built => "built",
+            EventKind::Pushing => "pushing",
+            EventKind::Pushed => "pushed",
+            EventKind::Delivered => "delivered",
+            EventKind::Note => "note",
+            EventKind::Failed => "failed",
+            EventKind::Finished => "finished",
+            EventKind::Progress => "progress",
+            EventKind::Unknown(_) => "unknown",
+        }
+    }
+
+    fn from_wire(kind: i32) -> EventKind {
+        use converge_event::Kind as K;
+        match K::try_from(kind) {
+            Ok(K::Started) => EventKind::Started,
+            Ok(K::NeedContexts) => EventKind::NeedContexts,
+            Ok(K::Uploaded) => EventKind::Uploaded,
+            Ok(K::Recorded) => EventKind::Recorded,
+            Ok(K::Held) => EventKind::Held,
+            Ok(K::Building) => EventKind::Building,
+            Ok(K::BuildLog) => EventKind::BuildLog,
+            Ok(K::Built) => EventKind::Built,
+            Ok(K::Pushing) => EventKind::Pushing,
+            Ok(K::Pushed) => EventKind::Pushed,
+            Ok(K::Delivered) => EventKind::Delivered,
+            Ok(K::Note) => EventKind::Note,
+            Ok(K::Failed) => EventKind::Failed,
+            Ok(K::Finished) => EventKind::Finished,
+            Ok(K::Progress) => EventKind::Progress,
+            Ok(K::Unspecified) | Err(_) => EventKind::Unknown(kind),
+        }
+    }
+
+    fn to_wire(self) -> i32 {
+        use converge_event::Kind as K;
+        let kind = match self {
+            EventKind::Started => K::Started,
+            EventKind::NeedContexts => K::NeedContexts,
+            EventKind::Uploaded => K::Uploaded,
+            EventKind::Recorded => K::Recorded,
+            EventKind::Held => K::Held,
+            EventKind::Building => K::Building,
+            EventKind::BuildLog => K::BuildLog,
+            EventKind::Built => K::Built,
+            EventKind::Pushing => K::Pushing,
+            EventKind::Pushed => K::Pushed,
+            EventKind::Delivered => K::Delivered,
+            EventKind::Note => K::Note,
+            EventKind::Failed => K::Failed,
+            EventKind::Finished => K::Finished,
+            EventKind::Progress => K::Progress,
+            EventKind::Unknown(n) => return n,
+        };
+        kind as i32
+    }
+}
+
+/// How a converge ended (or that it has not yet).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Unspecified,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Outcome {
+    pub fn word(self) -> &'static str {
+        match self {
+            Outcome::Unspecified => "unspecified",
+            Outcome::Running => "running",
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+        }
+    }
+
+    pub(crate) fn from_wire(outcome: i32) -> Outcome {
+        use kiln_proto::v1::Outcome as O;
+        match O::try_from(outcome) {
+            Ok(O::Running) => Outcome::Running,
+            Ok(O::Succeeded) => Outcome::Succeeded,
+            Ok(O::Failed) => Outcome::Failed,
+            Ok(O::Unspecified) | Err(_) => Outcome::Unspecified,
+        }
+    }
+
+    fn to_wire(self) -> i32 {
+        use kiln_proto::v1::Outcome as O;
+        match self {
+            Outcome::Unspecified => O::Unspecified as i32,
+            Outcome::Running => O::Running as i32,
+            Outcome::Succeeded => O::Succeeded as i32,
+            Outcome::Failed => O::Failed as i32,
+        }
+    }
+}
+
+/// One event of a converge, in the order the coordinator numbered it (`seq`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub converge_id: String,
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch, on the coordinator's clock.
+    pub at_ms: u64,
+    pub kind: EventKind,
+    /// The manifest name of the image the event is about; empty for the converge as a whole.
+    pub image: String,
+    pub message: String,
+    pub bytes: u64,
+    pub millis: u64,
+    /// `NeedContexts`: the tree digests (64 hex) the coordinator lacks.
+    pub contexts: Vec<String>,
+    /// `Finished`: how the converge ended.
+    pub outcome: Outcome,
+}
+
+impl Event {
+    /// An event with only its kind, image and message set; the rest zero. For tests and for
+    /// callers building expected sequences.
+    pub fn new(kind: EventKind, image: &str, message: &str) -> Event {
+        Event {
+            converge_id: String::new(),
+            seq: 0,
+            at_ms: 0,
+            kind,
+            image: image.to_string(),
+            message: message.to_string(),
+            bytes: 0,
+            millis: 0,
+            contexts: Vec::new(),
+            outcome: Outcome::Unspecified,
+        }
+    }
+}
+
+impl From<ConvergeEvent> for Event {
+    fn from(e: ConvergeEvent) -> Event {
+        Event {
+            kind: EventKind::from_wire(e.kind),
+            outcome: Outcome::from_wire(e.outcome),
+            converge_id: e.converge_id,
+            seq: e.seq,
+            at_ms: e.at_ms,
+            image: e.image,
+            message: e.message,
+            bytes: e.bytes,
+            millis: e.millis,
+            contexts: e.contexts,
+        }
+    }
+}
+
+impl From<&Event> for ConvergeEvent {
+    fn from(e: &Event) -> ConvergeEvent {
+        ConvergeEvent {
+            converge_id: e.converge_id.clone(),
+            seq: e.seq,
+            at_ms: e.at_ms,
+            kind: e.kind.to_wire(),
+            image: e.image.clone(),
+            message: e.message.clone(),
+            bytes: e.bytes,
+            millis: e.millis,
+            contexts: e.contexts.clone(),
+            outcome: e.outcome.to_wire(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_kind_survives_the_wire_and_an_unknown_one_is_kept_by_number() {
+        for n in 1..=15 {
+            let wire = ConvergeEvent { kind: n, ..Default::default() };
+            let event = Event::from(wire.clone());
+            assert!(!matches!(event.kind, EventKind::Unknown(_)), "kind {n} not known");
+            assert_eq!(ConvergeEvent::from(&event), wire);
+        }
+        let newer = Event::from(ConvergeEvent { kind: 99, ..Default::default() });
+        assert_eq!(newer.kind, EventKind::Unknown(99));
+        assert_eq!(newer.kind.word(), "unknown");
+        assert_eq!(ConvergeEvent::from(&newer).kind, 99);
+    }
+
+    #[test]
+    fn outcomes_convert_and_an_unknown_one_is_unspecified() {
+        let finished = ConvergeEvent { kind: 14, outcome: 3, ..Default::default() };
+        assert_eq!(Event::from(finished).outcome, Outcome::Failed);
+        assert_eq!(Outcome::from_wire(42), Outcome::Unspecified);
+    }
+}

@@ -1,0 +1,134 @@
+//! Where the embedded coordinator keeps its state, and who is asking.
+//!
+//! One `$KILN_HOME` per user, shared by every instance converged there (DESIGN.md "Where state
+//! lives"): state kept per instance folder would make one instance's sweep see every other
+//! instance's images as unreachable. The farm id is derived from the user and the *canonical* home,
+//! so `~/.local/share/kiln` and a symlink to it are one farm, and a wiped state rebuilt in the same
+//! home still recognizes the images it labeled.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::error::CliError;
+
+/// The embedded coordinator's home, resolved and created, with the identities derived from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmbeddedSite {
+    /// Canonical (absolute, symlinks resolved).
+    pub home: PathBuf,
+    pub user: String,
+    pub host: String,
+    /// `kiln.dev/farm` of every image this home's coordinator builds.
+    pub farm: String,
+}
+
+impl EmbeddedSite {
+    /// Resolves the home (`home` if given, else `$KILN_HOME`, else `~/.local/share/kiln`), creates
+    /// it and its `state/` and `scratch/` folders, and derives the farm id.
+    pub fn prepare(home: Option<&Path>) -> Result<EmbeddedSite, CliError> {
+        let home = match home {
+            Some(home) => home.to_path_buf(),
+            None => home_dir(std::env::var_os("KILN_HOME"), std::env::var_os("HOME")).ok_or(CliError::NoHome)?,
+        };
+        for dir in [home.clone(), home.join("state"), home.join("scratch")] {
+            std::fs::create_dir_all(&dir).map_err(|err| CliError::Home { path: dir.clone(), err })?;
+        }
+        let home = std::fs::canonicalize(&home).map_err(|err| CliError::Home { path: home.clone(), err })?;
+        let user = current_user();
+        let farm = kiln_core::farm::embedded_farm_id(&user, &home);
+        Ok(EmbeddedSite { home, user, host: host_name(), farm })
+    }
+
+    /// The coordinator's SQLite state and context store.
+    pub fn state_dir(&self) -> PathBuf {
+        self.home.join("state")
+    }
+
+    /// Where the embedded agent unpacks contexts before a build.
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.home.join("scratch")
+    }
+
+    /// `embedded-<hostname>`.
+    pub fn agent_id(&self) -> String {
+        format!("embedded-{}", self.host)
+    }
+}
+
+/// `$KILN_HOME` when set and non-empty, else `$HOME/.local/share/kiln`; `None` without either.
+/// A relative `$KILN_HOME` is taken from the current directory (and canonicalized later).
+pub fn home_dir(kiln_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
+    match kiln_home.filter(|h| !h.is_empty()) {
+        Some(kiln_home) => Some(PathBuf::from(kiln_home)),
+        None => home.filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".local/share/kiln")),
+    }
+}
+
+/// `$USER`, else `$LOGNAME`, else `uid-<n>` of this process — stable for one account, which is
+/// what the farm id needs.
+pub fn current_user() -> String {
+    use std::os::unix::fs::MetadataExt;
+    for var in ["USER", "LOGNAME"] {
+        if let Some(user) = std::env::var_os(var).filter(|u| !u.is_empty()) {
+            return user.to_string_lossy().into_owned();
+        }
+    }
+    match std::fs::metadata("/proc/self") {
+        Ok(meta) => format!("uid-{}", meta.uid()),
+        Err(_) => "unknown".to_string(),
+    }
+}
+
+/// The kernel's host name, else `/etc/hostname`, else `localhost`.
+pub fn host_name() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .map(|name| name.trim().to_string())
+        .find(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// `user@host`, for `UpRequest.requested_by`.
+pub fn requested_by() -> String {
+    format!("{}@{}", current_user(), host_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kiln_home_wins_then_the_xdg_default_under_home() {
+        let dir = home_dir(Some("/srv/kiln".into()), Some("/home/ana".into()));
+        assert_eq!(dir, Some(PathBuf::from("/srv/kiln")));
+        let dir = home_dir(None, Some("/home/ana".into()));
+        assert_eq!(dir, Some(PathBuf::from("/home/ana/.local/share/kiln")));
+        let dir = home_dir(Some("".into()), Some("/home/ana".into()));
+        assert_eq!(dir, Some(PathBuf::from("/home/ana/.local/share/kiln")), "an empty KILN_HOME is unset");
+        assert_eq!(home_dir(None, None), None);
+    }
+
+    #[test]
+    fn the_farm_follows_the_canonical_home() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = EmbeddedSite::prepare(Some(&tmp.path().join("a"))).unwrap();
+        let b = EmbeddedSite::prepare(Some(&tmp.path().join("b"))).unwrap();
+        assert_ne!(a.farm, b.farm, "two homes are two farms");
+        assert!(a.state_dir().is_dir() && a.scratch_dir().is_dir());
+
+        let again = EmbeddedSite::prepare(Some(&tmp.path().join("a"))).unwrap();
+        assert_eq!(again.farm, a.farm, "the same home is the same farm");
+        std::os::unix::fs::symlink(tmp.path().join("a"), tmp.path().join("link")).unwrap();
+        let via_link = EmbeddedSite::prepare(Some(&tmp.path().join("link/../a/./"))).unwrap();
+        assert_eq!(via_link.home, a.home);
+        assert_eq!(via_link.farm, a.farm, "another spelling of the same home is the same farm");
+        assert_eq!(a.farm, kiln_core::farm::embedded_farm_id(&a.user, &a.home));
+    }
+
+    #[test]
+    fn the_agent_is_named_after_the_host() {
+        let site = EmbeddedSite { home: "/h".into(), user: "ana".into(), host: "box".into(), farm: "f".into() };
+        assert_eq!(site.agent_id(), "embedded-box");
+    }
+}

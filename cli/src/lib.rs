@@ -1,0 +1,77 @@
+//! `kiln`, the thin client: it computes refs, uploads contexts and streams events; every decision
+//! (skip, build, deliver, record, sweep) is the coordinator's. The binary (`main.rs`) is a clap
+//! front over these functions, so the end-to-end tests call exactly what a user runs.
+//!
+//! Where to start:
+//! - [`up`] / [`up_with`] — `kiln up`: [`request::plan_up`] walks and addresses the instance,
+//!   `Kiln.Up` streams the converge's [`Event`]s, [`upload`] sends each context the coordinator
+//!   asks for, [`render`] shows the events. It returns an [`UpOutcome`] (events, outcome, exit).
+//! - [`status`], [`logs`], [`images`], [`agents`] — the read commands ([`query`]).
+//! - [`embedded`] — with no coordinator URL, every command starts the real coordinator and a host
+//!   agent in-process, state in `$KILN_HOME` ([`home`]), and shuts them down after.
+//! - [`connect`] — dialing on the retry ladder; transport failures become messages naming the
+//!   address and the OS error.
+//! - [`plumbing`] — `digest`, `pack`, `unpack`, `refs`: `kiln-core` directly, no coordinator.
+//!
+//! # Exit codes
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | converged (or the command did what it was asked) |
+//! | 1 | the converge failed — the message names the image and why — or the command failed |
+//! | 2 | usage or manifest error (`kiln.toml:<line>: …`); nothing was asked of the coordinator |
+//! | 3 | the coordinator cannot be reached (`cannot reach the coordinator at <url>: connection refused`), or the embedded one did not come up |
+//!
+//! [`CliError::exit`] and [`UpOutcome::exit`] give the code of each outcome.
+
+pub mod connect;
+pub mod embedded;
+pub mod error;
+pub mod event;
+pub mod home;
+pub mod plumbing;
+pub mod query;
+pub mod render;
+pub mod request;
+pub mod up;
+pub mod upload;
+pub mod view;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use error::{CliError, Exit};
+pub use event::{Event, EventKind, Outcome};
+pub use query::{agents, images, logs, logs_with, status, ListArgs, LogsArgs, StatusArgs};
+pub use render::OutputMode;
+pub use up::{up, up_with, Failure, UpArgs, UpOutcome};
+
+/// Which coordinator a command talks to.
+#[derive(Clone, Debug)]
+pub struct Connect {
+    /// `--coordinator` / `$KILN_COORDINATOR`; `None` starts the embedded coordinator and agent.
+    pub coordinator: Option<String>,
+    /// Embedded only: the home to use instead of `$KILN_HOME` (or `~/.local/share/kiln`).
+    pub kiln_home: Option<PathBuf>,
+    /// How long transport failures are retried before the command fails with exit code 3.
+    pub retry_window: Duration,
+}
+
+impl Default for Connect {
+    /// The embedded coordinator in `$KILN_HOME`, retrying for DESIGN.md's 90 s window.
+    fn default() -> Connect {
+        Connect { coordinator: None, kiln_home: None, retry_window: kiln_core::retry::LadderConfig::DEFAULT_WINDOW }
+    }
+}
+
+impl Connect {
+    /// The coordinator at `url`.
+    pub fn remote(url: impl Into<String>) -> Connect {
+        Connect { coordinator: Some(url.into()), ..Connect::default() }
+    }
+
+    /// The embedded coordinator with its state in `home`.
+    pub fn embedded_in(home: impl Into<PathBuf>) -> Connect {
+        Connect { kiln_home: Some(home.into()), ..Connect::default() }
+    }
+}

@@ -1,0 +1,170 @@
+//! The terminal view: one live line per image, showing where it is — hashing, uploading (bytes),
+//! building (with its last build log line), pushing (bytes) — and converge-wide events printed
+//! above them as they come.
+//!
+//! What each line says is decided by [`bar_text`], a pure function tested on its own; this module
+//! only moves indicatif's bars.
+
+use std::collections::HashMap;
+use std::io;
+use std::time::Duration;
+
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::{context_names, human_bytes, status_text, ContextNames, Render, Tails};
+use crate::event::{Event, EventKind};
+use crate::request::UpPlan;
+
+/// What an image's line shows after `event`; `None` when the event is not about one image's state.
+pub fn bar_text(event: &Event, names: &ContextNames) -> Option<String> {
+    if event.image.is_empty() {
+        return None;
+    }
+    match event.kind {
+        EventKind::BuildLog => Some(format!("building: {}", event.message)),
+        EventKind::Progress if event.message.is_empty() => Some(format!("pushing {}", human_bytes(event.bytes))),
+        EventKind::Progress => Some(format!("{} {}", event.message, human_bytes(event.bytes))),
+        _ => status_text(event, names),
+    }
+}
+
+pub struct Tty {
+    multi: MultiProgress,
+    bars: HashMap<String, ProgressBar>,
+    names: ContextNames,
+    tails: Tails,
+    running: ProgressStyle,
+    done: ProgressStyle,
+}
+
+impl std::fmt::Debug for Tty {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tty").field("images", &self.bars.len()).finish_non_exhaustive()
+    }
+}
+
+impl Default for Tty {
+    fn default() -> Self {
+        Tty::new()
+    }
+}
+
+impl Tty {
+    pub fn new() -> Tty {
+        let running = ProgressStyle::with_template("{spinner:.cyan} {prefix:<8.bold} {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        let done = ProgressStyle::with_template("  {prefix:<8.bold} {wide_msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner());
+        Tty {
+            multi: MultiProgress::with_draw_target(ProgressDrawTarget::stdout()),
+            bars: HashMap::new(),
+            names: ContextNames::new(),
+            tails: Tails::default(),
+            running,
+            done,
+        }
+    }
+
+    fn bar(&mut self, image: &str) -> &ProgressBar {
+        if !self.bars.contains_key(image) {
+            let bar = self.multi.add(ProgressBar::new_spinner().with_style(self.running.clone()));
+            bar.set_prefix(image.to_string());
+            bar.enable_steady_tick(Duration::from_millis(120));
+            self.bars.insert(image.to_string(), bar);
+        }
+        &self.bars[image]
+    }
+
+    fn settle(&mut self, image: &str, text: String) {
+        let style = self.done.clone();
+        let bar = self.bar(image);
+        bar.set_style(style);
+        bar.finish_with_message(text);
+    }
+}
+
+impl Render for Tty {
+    fn addressing(&mut self, images: &[String]) {
+        for image in images {
+            self.bar(image).set_message("hashing");
+        }
+    }
+
+    fn addressed(&mut self, plan: &UpPlan) {
+        self.names = context_names(plan);
+        for image in &plan.request.images {
+            if self.bars.contains_key(&image.name) {
+                self.bar(&image.name).set_message(format!("addressed {}", image.reference));
+            }
+        }
+    }
+
+    fn event(&mut self, event: &Event) -> io::Result<()> {
+        if event.kind == EventKind::BuildLog {
+            self.tails.push(&event.image, &event.message);
+        }
+        match bar_text(event, &self.names) {
+            Some(text) => match event.kind {
+                EventKind::Recorded | EventKind::Delivered => self.settle(&event.image, text),
+                EventKind::Failed => {
+                    self.settle(&event.image, text);
+                    for line in self.tails.report(&event.image) {
+                        self.multi.println(line)?;
+                    }
+                }
+                _ => self.bar(&event.image).set_message(text),
+            },
+            None => {
+                if let Some(text) = status_text(event, &self.names) {
+                    self.multi.println(text)?;
+                }
+                if event.kind == EventKind::NeedContexts {
+                    for digest in &event.contexts {
+                        for image in self.names.get(digest).cloned().unwrap_or_default() {
+                            self.bar(&image).set_message("uploading context");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn upload_progress(&mut self, digest: &str, sent: u64) {
+        for image in self.names.get(digest).cloned().unwrap_or_default() {
+            self.bar(&image).set_message(format!("uploading context {}", human_bytes(sent)));
+        }
+    }
+
+    fn finish(&mut self) -> io::Result<()> {
+        let images: Vec<String> = self.bars.keys().cloned().collect();
+        for image in images {
+            let bar = &self.bars[&image];
+            if !bar.is_finished() {
+                let text = bar.message();
+                self.settle(&image, text);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_images_line_follows_its_state() {
+        let names = ContextNames::new();
+        let log = Event::new(EventKind::BuildLog, "web", "#4 RUN make");
+        assert_eq!(bar_text(&log, &names).as_deref(), Some("building: #4 RUN make"));
+        let push = Event { bytes: 12_300_000, ..Event::new(EventKind::Progress, "web", "") };
+        assert_eq!(bar_text(&push, &names).as_deref(), Some("pushing 12.3 MB"));
+        let built = Event { millis: 3_200, ..Event::new(EventKind::Built, "web", "") };
+        assert_eq!(bar_text(&built, &names).as_deref(), Some("built in 3.2 s"));
+        let recorded = Event::new(EventKind::Recorded, "web", "hello-web:17eb17246f39-amd64");
+        assert_eq!(bar_text(&recorded, &names).as_deref(), Some("recorded (hello-web:17eb17246f39-amd64)"));
+        let swept = Event::new(EventKind::Note, "", "swept 4 image(s) (2.1 GB)");
+        assert_eq!(bar_text(&swept, &names), None, "converge-wide events print above the lines");
+    }
+}

@@ -1,0 +1,255 @@
+//! Step 1 of the converge on the CLI's side: walk and address every built image and say what the
+//! instance wants as an `UpRequest`. Nothing is sent to Docker; a steady-state converge costs this
+//! walk and one RPC.
+//!
+//! The CLI computes each content ref and the coordinator takes it as given (the agent verifies the
+//! context's digest instead of re-deriving the address), so the ref here must be exactly the one
+//! `kiln refs` prints — both come from `BuiltImage::address` and `content_ref`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use kiln_core::digest::WalkOptions;
+use kiln_core::manifest::{DockerfileLoc, ImageSpec, Manifest, Target};
+use kiln_core::refs::{content_ref, image_address};
+use kiln_proto::v1::{image_spec, target, ImageSpec as WireImage, Target as WireTarget, UpRequest};
+use rayon::prelude::*;
+
+use crate::error::CliError;
+
+/// What `kiln up` will ask for, and where each context it may have to upload lives.
+#[derive(Clone, Debug)]
+pub struct UpPlan {
+    pub request: UpRequest,
+    /// By tree digest (64 hex): the coordinator asks for contexts by digest alone.
+    pub contexts: BTreeMap<String, ContextSource>,
+}
+
+/// A context directory the CLI can pack on demand.
+#[derive(Clone, Debug)]
+pub struct ContextSource {
+    pub dir: PathBuf,
+    pub walk: WalkOptions,
+    /// The built images whose context this is (two images may share one).
+    pub images: Vec<String>,
+}
+
+/// A built image after its walk: its wire spec and its context.
+struct Addressed {
+    wire: WireImage,
+    digest: String,
+    source: ContextSource,
+}
+
+/// Walks every built image's context in parallel and builds the request. Brought and pinned
+/// images pass through with their refs (in Docker's familiar form, which normalizes to the ref as
+/// written); nothing about them is checked or touched.
+pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<UpPlan, CliError> {
+    let platforms = &manifest.platforms;
+    let built: Vec<(usize, &str, &kiln_core::manifest::BuiltImage)> = manifest
+        .images
+        .iter()
+        .enumerate()
+        .filter_map(|(i, image)| match &image.spec {
+            ImageSpec::Built(built) => Some((i, image.name.as_str(), built)),
+            _ => None,
+        })
+        .collect();
+    let mut addressed: BTreeMap<usize, Addressed> = built
+        .par_iter()
+        .map(|&(i, name, built)| {
+            let (_tree, digest, address) =
+                built.address(platforms).map_err(|err| CliError::Address { image: name.to_string(), err })?;
+            let repo = manifest.target.qualify(&built.repository);
+            let reference = content_ref(&repo, &address, platforms)
+                .map_err(|err| CliError::ContentTag { image: name.to_string(), err })?;
+            let (dockerfile, dockerfile_outside) = match &built.dockerfile {
+                DockerfileLoc::Inside { rel } => (rel.clone(), Vec::new()),
+                // The address already covers these bytes; they travel in the request because the
+                // archive carries only the context, and the agent must build exactly what was addressed.
+                DockerfileLoc::Outside { path, .. } => {
+                    let contents = std::fs::read(path).map_err(|err| CliError::Address {
+                        image: name.to_string(),
+                        err: kiln_core::manifest::AddressError::Dockerfile { path: path.clone(), err },
+                    })?;
+                    // `address` read the file once already; bytes edited in between would make the
+                    // tag name a Dockerfile the agent never builds.
+                    if image_address(&built.address_inputs(digest, platforms, Some(&contents))) != address {
+                        return Err(CliError::DockerfileChanged { image: name.to_string(), path: path.clone() });
+                    }
+                    (String::new(), contents)
+                }
+            };
+            let wire = WireImage {
+                name: name.to_string(),
+                kind: image_spec::Kind::Built as i32,
+                reference: reference.to_string(),
+                context_digest: digest.to_string(),
+                dockerfile,
+                dockerfile_outside,
+                args: built.args.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                target_stage: built.target.clone().unwrap_or_default(),
+                shared: built.shared,
+            };
+            let source = ContextSource {
+                dir: built.context.clone(),
+                walk: built.walk_options(),
+                images: vec![name.to_string()],
+            };
+            Ok((i, Addressed { wire, digest: digest.to_string(), source }))
+        })
+        .collect::<Result<_, CliError>>()?;
+
+    let mut images = Vec::with_capacity(manifest.images.len());
+    let mut contexts: BTreeMap<String, ContextSource> = BTreeMap::new();
+    for (i, image) in manifest.images.iter().enumerate() {
+        let passthrough = |kind: image_spec::Kind, reference: String| WireImage {
+            name: image.name.clone(),
+            kind: kind as i32,
+            reference,
+            ..Default::default()
+        };
+        match &image.spec {
+            ImageSpec::Built(_) => {
+                let Some(done) = addressed.remove(&i) else { continue };
+                contexts
+                    .entry(done.digest)
+                    .and_modify(|known| known.images.push(image.name.clone()))
+                    .or_insert(done.source);
+                images.push(done.wire);
+            }
+            ImageSpec::Brought(r) => images.push(passthrough(image_spec::Kind::Brought, r.to_string())),
+            ImageSpec::Pinned(r) => images.push(passthrough(image_spec::Kind::Pinned, r.to_string())),
+        }
+    }
+
+    let request = UpRequest {
+        instance: manifest.instance.clone(),
+        target: Some(wire_target(manifest)),
+        platforms: platforms.iter().map(|p| p.oci()).collect(),
+        images,
+        force,
+        requested_by: requested_by.to_string(),
+    };
+    Ok(UpPlan { request, contexts })
+}
+
+fn wire_target(manifest: &Manifest) -> WireTarget {
+    let namespace = manifest.namespace.clone().unwrap_or_default();
+    let (kind, registry, cluster) = match &manifest.target {
+        Target::Registry(registry) => (target::Kind::Registry, registry.to_string(), String::new()),
+        Target::Kind { cluster } => (target::Kind::Kind, String::new(), cluster.clone()),
+        Target::Nodes { cluster } => (target::Kind::Nodes, String::new(), cluster.clone()),
+        Target::Local => (target::Kind::Local, String::new(), String::new()),
+    };
+    WireTarget { kind: kind as i32, registry, cluster, namespace }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn example(name: &str) -> Manifest {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
+        Manifest::load(&dir).unwrap()
+    }
+
+    /// The refs `kiln refs examples/hello` prints, computed the same way from the same core calls.
+    fn expected_ref(manifest: &Manifest, name: &str) -> String {
+        let ImageSpec::Built(built) = &manifest.image(name).unwrap().spec else { panic!("{name} is built") };
+        let (_, _, address) = built.address(&manifest.platforms).unwrap();
+        content_ref(&manifest.target.qualify(&built.repository), &address, &manifest.platforms).unwrap().to_string()
+    }
+
+    #[test]
+    fn hello_asks_for_two_built_images_with_their_refs_and_passes_the_rest_through() {
+        let manifest = example("hello");
+        let plan = plan_up(&manifest, false, "ana@box").unwrap();
+        let r = &plan.request;
+        assert_eq!(r.instance, "hello");
+        assert_eq!(r.requested_by, "ana@box");
+        assert!(!r.force);
+        assert_eq!(r.target, Some(WireTarget { kind: target::Kind::Local as i32, ..Default::default() }));
+        assert_eq!(r.platforms, manifest.platforms.iter().map(|p| p.oci()).collect::<Vec<_>>());
+        assert!(r.platforms.iter().all(|p| p.starts_with("linux/")), "{:?}", r.platforms);
+
+        let names: Vec<&str> = r.images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["web", "worker", "shell", "pause"], "file order");
+
+        let web = &r.images[0];
+        assert_eq!(web.kind, image_spec::Kind::Built as i32);
+        assert_eq!(web.reference, expected_ref(&manifest, "web"));
+        assert!(
+            web.reference.starts_with("hello-web:") && web.reference.ends_with(&format!("-{}", manifest.platforms))
+        );
+        assert_eq!(web.dockerfile, "Dockerfile");
+        assert!(web.dockerfile_outside.is_empty());
+        assert_eq!(web.context_digest.len(), 64);
+
+        let worker = &r.images[1];
+        assert_eq!(worker.reference, expected_ref(&manifest, "worker"));
+        assert_eq!(worker.dockerfile, "", "an outside Dockerfile travels by contents, not by path");
+        let outside = std::fs::read(manifest.path.parent().unwrap().join("worker.Dockerfile")).unwrap();
+        assert_eq!(worker.dockerfile_outside, outside);
+        assert_eq!(worker.args.get("GREETING").map(String::as_str), Some("hello from kiln"));
+        assert_eq!(worker.target_stage, "");
+        assert!(!worker.shared);
+
+        let shell = &r.images[2];
+        assert_eq!((shell.kind, shell.reference.as_str()), (image_spec::Kind::Brought as i32, "busybox:1.36"));
+        assert!(shell.context_digest.is_empty() && shell.dockerfile.is_empty());
+        let pause = &r.images[3];
+        assert_eq!(pause.kind, image_spec::Kind::Pinned as i32);
+        assert_eq!(
+            pause.reference,
+            "registry.k8s.io/pause:3.9@sha256:7031c1b283388d2c2e09b57badb803c05ebed362dc88d84b480cc47f72a21097"
+        );
+
+        assert_eq!(plan.contexts.len(), 2);
+        let web_ctx = &plan.contexts[&web.context_digest];
+        assert_eq!(web_ctx.images, ["web"]);
+        assert_eq!(web_ctx.dir, manifest.path.parent().unwrap().join("web").canonicalize().unwrap());
+        assert_eq!(plan.contexts[&worker.context_digest].images, ["worker"]);
+    }
+
+    #[test]
+    fn a_registry_target_qualifies_the_refs_and_force_is_carried() {
+        let manifest = example("registry");
+        let plan = plan_up(&manifest, true, "ana@box").unwrap();
+        assert!(plan.request.force);
+        let target = plan.request.target.as_ref().unwrap();
+        assert_eq!((target.kind, target.registry.as_str()), (target::Kind::Registry as i32, "127.0.0.1:5000"));
+        assert!(plan.request.images[0].reference.starts_with("127.0.0.1:5000/hello-registry-web:"));
+        assert_eq!(plan.request.images[0].reference, expected_ref(&manifest, "web"));
+    }
+
+    #[test]
+    fn two_images_of_one_context_share_one_upload() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("app")).unwrap();
+        std::fs::write(tmp.path().join("app/Dockerfile"), "FROM scratch\nCOPY . /\n").unwrap();
+        let text = "instance = \"pair\"\n[target]\nkind = \"local\"\n\
+                    [built.a]\ncontext = \"app\"\n[built.b]\ncontext = \"app\"\nargs = { X = \"1\" }\n";
+        std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
+        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap();
+        let [a, b] = &plan.request.images[..] else { panic!("two images") };
+        assert_eq!(a.context_digest, b.context_digest);
+        assert_ne!(a.reference, b.reference, "the build arg is part of the address");
+        assert_eq!(plan.contexts.len(), 1);
+        assert_eq!(plan.contexts[&a.context_digest].images, ["a", "b"]);
+    }
+
+    #[test]
+    fn an_unaddressable_context_names_the_image_and_is_a_usage_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("app")).unwrap();
+        std::fs::write(tmp.path().join("app/Dockerfile"), "FROM scratch\n").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", tmp.path().join("app/escape")).unwrap();
+        let text = "instance = \"bad\"\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n";
+        std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
+        let err = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap_err();
+        assert_eq!(err.exit(), crate::Exit::Usage);
+        assert!(crate::error::report(&err).contains("built image \"app\" cannot be addressed: context"), "{err}");
+    }
+}

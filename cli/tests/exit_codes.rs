@@ -1,0 +1,86 @@
+//! The binary's exit codes and messages, run as a user runs it (`CARGO_BIN_EXE_kiln`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        // Neither may leak in from the environment running the tests.
+        .env_remove("KILN_COORDINATOR")
+        .env_remove("KILN_RETRY_WINDOW")
+        .output()
+        .expect("the kiln binary runs")
+}
+
+fn hello() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello")
+}
+
+fn closed_port_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    url
+}
+
+#[test]
+fn up_against_a_closed_port_exits_3_naming_the_address_and_the_os_error() {
+    let url = closed_port_url();
+    let hello = hello();
+    let out = kiln(&["up", hello.to_str().unwrap(), "--coordinator", &url, "--retry-window", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("kiln: cannot reach the coordinator at {url}: connection refused")),
+        "stderr: {stderr}"
+    );
+    assert!(!stderr.contains("transport error"), "stderr: {stderr}");
+}
+
+#[test]
+fn the_coordinator_can_come_from_the_environment() {
+    let url = closed_port_url();
+    let hello = hello();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["up", hello.to_str().unwrap()])
+        .env("KILN_COORDINATOR", &url)
+        .env("KILN_RETRY_WINDOW", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert!(stderr.contains(&url), "stderr: {stderr}");
+}
+
+#[test]
+fn a_broken_manifest_exits_2_with_its_file_and_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("kiln.toml"), "instance = \"x\"\n[target]\nkind = \"moon\"\n").unwrap();
+    let out = kiln(&["up", tmp.path().to_str().unwrap(), "--coordinator", &closed_port_url()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let located = format!("{}:3: unknown target kind \"moon\"", tmp.path().join("kiln.toml").display());
+    assert!(stderr.contains(&located), "stderr: {stderr}");
+}
+
+#[test]
+fn a_malformed_coordinator_url_exits_2() {
+    let hello = hello();
+    let out = kiln(&["up", hello.to_str().unwrap(), "--coordinator", "127.0.0.1:7070"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("write it as http://host:port"), "stderr: {stderr}");
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let out = kiln(&["--help"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    for line in
+        ["0  converged", "1  the converge failed", "2  usage or manifest error", "3  the coordinator cannot be reached"]
+    {
+        assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
+    }
+}

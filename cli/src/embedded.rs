@@ -126,7 +126,7 @@ impl Embedded {
         if let Some(coordinator) = self.coordinator.take_if(|c| c.is_finished()) {
             let state = self.site.state_dir();
             return Err(match coordinator.await {
-                Ok(Err(err)) => CliError::CoordinatorDown { state, err },
+                Ok(Err(err)) => CliError::CoordinatorDown { state, err: Box::new(err) },
                 Ok(Ok(())) => CliError::CoordinatorStopped { state },
                 Err(_) => CliError::EmbeddedPanicked { what: "coordinator" },
             });
@@ -135,7 +135,7 @@ impl Embedded {
             let id = self.site.agent_id();
             let result = agent.await;
             return Err(match result {
-                Ok(Err(err)) => CliError::AgentDown { agent: id, err },
+                Ok(Err(err)) => CliError::AgentDown { agent: id, err: Box::new(err) },
                 Ok(Ok(())) => CliError::AgentStopped { agent: id },
                 Err(_) => CliError::EmbeddedPanicked { what: "agent" },
             });

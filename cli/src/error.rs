@@ -69,7 +69,7 @@ pub enum CliError {
     CoordinatorDown {
         state: PathBuf,
         #[source]
-        err: kiln_coordinator::ServeError,
+        err: Box<kiln_coordinator::ServeError>,
     },
     #[error("the embedded coordinator (state in {state}) stopped before it was asked to")]
     CoordinatorStopped { state: PathBuf },
@@ -77,7 +77,7 @@ pub enum CliError {
     AgentDown {
         agent: String,
         #[source]
-        err: kiln_agent::RunError,
+        err: Box<kiln_agent::RunError>,
     },
     #[error("the embedded agent {agent} stopped before it connected")]
     AgentStopped { agent: String },

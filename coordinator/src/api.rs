@@ -41,7 +41,7 @@ impl pb::kiln_server::Kiln for KilnService {
         let id = converge.id.clone();
         tokio::spawn(async move {
             let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
-            events.emit(EventKind::Started, None, format!("converge {id} of {} started", plan.instance));
+            events.emit(EventKind::Started, None, "");
             let result = engine.up(&id, &plan, &events).await;
             if let Err(err) = engine.store.release_claims(&id).await {
                 tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
@@ -49,15 +49,15 @@ impl pb::kiln_server::Kiln for KilnService {
             let state = match result {
                 Ok(generation) => {
                     events.emit(
-                        EventKind::Finished,
+                        EventKind::Finished { succeeded: true },
                         None,
-                        format!("succeeded: {} converged at generation {generation}", plan.instance),
+                        format!("{} at generation {generation}", plan.instance),
                     );
                     ConvergeState::Succeeded
                 }
                 Err(failure) => {
                     events.emit(EventKind::Failed, failure.image.as_deref(), failure.reason.clone());
-                    events.emit(EventKind::Finished, None, format!("failed: {}", failure.reason));
+                    events.emit(EventKind::Finished { succeeded: false }, None, failure.reason.clone());
                     ConvergeState::Failed { reason: failure.reason }
                 }
             };

@@ -127,7 +127,7 @@ impl Engine {
             });
             match in_record {
                 Some(ri) if !plan.force => {
-                    events.emit(EventKind::Recorded, Some(&image.name), format!("recorded ({})", image.reference));
+                    events.emit(EventKind::Recorded, Some(&image.name), image.reference.clone());
                     recorded.push(ri.clone());
                 }
                 _ => work.push(Work { image, inputs, build: true }),
@@ -218,11 +218,7 @@ impl Engine {
                 && found.labels.get(LABEL_FARM).map(String::as_str) == Some(self.config.farm.as_str());
             if ours {
                 w.build = false;
-                events.emit(
-                    EventKind::Held,
-                    Some(&w.image.name),
-                    format!("held by {} ({})", host.id, w.image.reference),
-                );
+                events.emit(EventKind::Held, Some(&w.image.name), format!("{} on {}", w.image.reference, host.id));
             }
         }
     }
@@ -307,7 +303,7 @@ impl Engine {
         events: &Events,
     ) -> Result<(), Failure> {
         let name = w.image.name.as_str();
-        events.emit(EventKind::Building, Some(name), format!("building {} on {}", w.image.reference, host.id));
+        events.emit(EventKind::Building, Some(name), format!("{} on {}", w.image.reference, host.id));
         let mut labels = BTreeMap::new();
         if w.inputs.shared {
             labels.insert(LABEL_KIND.to_string(), "shared".to_string());
@@ -339,7 +335,7 @@ impl Engine {
         match result {
             Ok(pb::task_result::Outcome::Built(_)) => {
                 let secs = started.elapsed().as_secs_f64();
-                events.emit(EventKind::Built { secs }, Some(name), format!("built in {secs:.1} s"));
+                events.emit(EventKind::Built { secs }, Some(name), "");
                 Ok(())
             }
             Ok(_) => Err(Failure::of(name, format!("host {} answered the build with something else", host.id))),
@@ -358,17 +354,17 @@ impl Engine {
         let name = w.image.name.as_str();
         match &plan.target {
             Target::Registry { registry } => {
-                events.emit(EventKind::Pushing, Some(name), format!("pushing {} to {registry}", w.image.reference));
+                events.emit(EventKind::Pushing, Some(name), format!("to {registry}"));
                 let push = pb::task::Kind::Push(pb::PushTask { reference: w.image.reference.clone() });
                 let outcome = host.run(id.as_str(), push, |p| events.progress(name, p.current, p.total)).await?;
                 let bytes = match outcome {
                     pb::task_result::Outcome::Pushed(p) => p.bytes,
                     _ => 0,
                 };
-                events.emit(EventKind::Pushed { bytes }, Some(name), format!("pushed {bytes} bytes"));
+                events.emit(EventKind::Pushed { bytes }, Some(name), "");
             }
             Target::Local => {
-                events.emit(EventKind::Delivered, Some(name), "local: the build host is where it runs".to_string());
+                events.emit(EventKind::Delivered, Some(name), "local target: the build host is where it runs");
             }
             Target::Kind { .. } | Target::Nodes { .. } => {}
         }

@@ -100,7 +100,7 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
         EventKind::Pushed { bytes } => (Kind::Pushed, *bytes, 0),
         EventKind::Delivered => (Kind::Delivered, 0, 0),
         EventKind::Failed => (Kind::Failed, 0, 0),
-        EventKind::Finished => (Kind::Finished, 0, 0),
+        EventKind::Finished { .. } => (Kind::Finished, 0, 0),
         EventKind::Note | EventKind::Unknown => (Kind::Note, 0, 0),
     };
     pb::ConvergeEvent {
@@ -117,12 +117,10 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
     }
 }
 
-/// A `Finished` event's message starts with how the converge ended (`succeeded: …` or
-/// `failed: …`), so a replay carries the outcome without a second lookup.
 fn outcome(event: &Event) -> pb::Outcome {
     match event.kind {
-        EventKind::Finished if event.message.starts_with("succeeded") => pb::Outcome::Succeeded,
-        EventKind::Finished => pb::Outcome::Failed,
+        EventKind::Finished { succeeded: true } => pb::Outcome::Succeeded,
+        EventKind::Finished { succeeded: false } => pb::Outcome::Failed,
         _ => pb::Outcome::Unspecified,
     }
 }

@@ -178,7 +178,11 @@ pub enum EventKind {
     },
     Delivered,
     Failed,
-    Finished,
+    /// How the converge ended; `kiln logs` replays it without a second lookup.
+    Finished {
+        #[serde(default)]
+        succeeded: bool,
+    },
     Note,
     /// A kind written by a newer kiln.
     #[serde(other)]

@@ -5,6 +5,7 @@
 use kiln_e2e::fixture::{example, reference, remove_built, unique};
 use kiln_e2e::wire::{images_with, up};
 use kiln_e2e::{Farm, Registry};
+use kiln_proto::v1 as pb;
 use kiln_proto::v1::converge_event::Kind;
 use std::sync::atomic::Ordering;
 
@@ -23,7 +24,7 @@ async fn pushed_tags_are_listed_and_carry_the_labels() {
     let mut farm = Farm::start(&tmp.path().join("home")).await;
 
     let events = up(&farm.url, &dir, false).await;
-    assert!(events.last().unwrap().message.starts_with("succeeded"), "{events:#?}");
+    assert!(events.last().unwrap().outcome() == pb::Outcome::Succeeded, "{events:#?}");
     assert_eq!(images_with(&events, Kind::Pushed), vec!["web", "worker"]);
     assert_eq!(farm.pushes(), 2);
 
@@ -62,7 +63,7 @@ async fn a_ref_swept_before_its_push_is_rebuilt_and_pushed() {
     farm.store.sweep_before_push.store(1, Ordering::SeqCst);
 
     let events = up(&farm.url, &dir, false).await;
-    assert!(events.last().unwrap().message.starts_with("succeeded"), "{events:#?}");
+    assert!(events.last().unwrap().outcome() == pb::Outcome::Succeeded, "{events:#?}");
     assert_eq!(images_with(&events, Kind::Built), vec!["web", "web", "worker"], "web is rebuilt once: {events:#?}");
     assert_eq!(images_with(&events, Kind::Pushed), vec!["web", "worker"]);
     assert!(events.iter().any(|e| e.kind() == Kind::Note && e.message.contains("rebuilding")), "{events:#?}");

@@ -10,7 +10,7 @@ use kiln_e2e::{docker, Farm};
 use kiln_proto::v1::converge_event::Kind;
 
 fn succeeded(events: &[kiln_proto::v1::ConvergeEvent]) -> bool {
-    events.last().is_some_and(|e| e.kind() == Kind::Finished && e.message.starts_with("succeeded"))
+    events.last().is_some_and(|e| e.kind() == Kind::Finished && e.outcome() == kiln_proto::v1::Outcome::Succeeded)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,95 @@
+//! `kiln up` with no `--coordinator`: the embedded default — the real coordinator and a real host
+//! agent started in-process against this machine's Docker daemon, state in a temp `KILN_HOME`.
+
+use kiln::{Connect, EventKind, Exit, LogsArgs, Outcome, OutputMode, UpArgs};
+use std::path::{Path, PathBuf};
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let dest = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &dest);
+        } else {
+            std::fs::copy(entry.path(), &dest).unwrap();
+        }
+    }
+}
+
+/// examples/hello under a unique instance name, so its tags are this test's alone.
+fn hello(into: &Path) -> (PathBuf, String) {
+    let dir = into.join("hello");
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello"), &dir);
+    let instance = format!("cli{:08x}", fastrand::u32(..));
+    let manifest = dir.join("kiln.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("instance = \"hello\"", &format!("instance = \"{instance}\""));
+    std::fs::write(&manifest, text).unwrap();
+    (dir, instance)
+}
+
+fn args(dir: &Path, home: &Path) -> UpArgs {
+    UpArgs { dir: dir.to_path_buf(), force: false, connect: Connect::embedded_in(home), output: OutputMode::Quiet }
+}
+
+fn images(events: &[kiln::Event], kind: EventKind) -> Vec<String> {
+    events.iter().filter(|e| e.kind == kind).map(|e| e.image.clone()).collect()
+}
+
+fn remove_tags(events: &[kiln::Event]) {
+    for e in events.iter().filter(|e| e.kind == EventKind::Building) {
+        let tag = e.message.split(" on ").next().unwrap();
+        let _ = std::process::Command::new("docker").args(["rmi", "--force", tag]).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_up_builds_then_records_and_logs_replay_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = hello(tmp.path());
+    let home = tmp.path().join("kiln-home");
+
+    let first = kiln::up(args(&dir, &home)).await.unwrap();
+    assert_eq!(first.outcome, Outcome::Succeeded, "{:#?}", first.events);
+    assert_eq!(first.exit(), Exit::Converged);
+    assert_eq!(images(&first.events, EventKind::Built), vec!["web", "worker"]);
+    assert!(home.join("state/kiln.db").is_file(), "state lives in KILN_HOME, not in the instance folder");
+    assert!(!dir.join("state").exists());
+
+    let second = kiln::up(args(&dir, &home)).await.unwrap();
+    assert_eq!(images(&second.events, EventKind::Recorded), vec!["web", "worker"], "{:#?}", second.events);
+    assert!(images(&second.events, EventKind::Built).is_empty());
+
+    let replay = kiln::logs(LogsArgs {
+        converge_id: first.converge_id.clone(),
+        follow: false,
+        connect: Connect::embedded_in(&home),
+        output: OutputMode::Quiet,
+    })
+    .await
+    .unwrap();
+    let kinds = |events: &[kiln::Event]| {
+        events
+            .iter()
+            .filter(|e| e.kind != EventKind::NeedContexts && e.kind != EventKind::Progress)
+            .map(|e| e.kind)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&replay), kinds(&first.events), "logs replays the converge's events");
+    remove_tags(&first.events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_exits_1_naming_the_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = hello(tmp.path());
+    std::fs::write(dir.join("web/Dockerfile"), "FROM scratch\nCOPY nowhere.txt /\n").unwrap();
+    let outcome = kiln::up(args(&dir, &tmp.path().join("kiln-home"))).await.unwrap();
+    assert_eq!(outcome.exit(), Exit::Failed);
+    let failure = outcome.failure.expect("a failure is reported");
+    assert_eq!(failure.image, "web");
+    assert!(failure.message.contains("nowhere.txt"), "{}", failure.message);
+    remove_tags(&outcome.events);
+}

@@ -203,10 +203,45 @@ where
         Some(url) => command(connect::dial(url, connect.retry_window).await?).await,
         None => {
             let site = EmbeddedSite::prepare(connect.kiln_home.as_deref())?;
+            let lock = lock_home(&site).await?;
             let (embedded, link) = Embedded::start(site, need_agent, connect.retry_window).await?;
             let result = command(link).await;
             embedded.shutdown().await;
+            drop(lock);
             result
         }
     }
+}
+
+/// Takes `$KILN_HOME`'s lock for the embedded coordinator's lifetime, waiting for another `kiln`
+/// that holds it. One coordinator per state at a time: a second one starting beside a running
+/// converge would mark that converge failed as if its coordinator had died.
+async fn lock_home(site: &EmbeddedSite) -> Result<std::fs::File, CliError> {
+    let path = site.home.join("embedded.lock");
+    let home_err = |err| CliError::Home { path: path.clone(), err };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(home_err)?;
+    let file = match file.try_lock() {
+        Ok(()) => file,
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            eprintln!(
+                "kiln: another kiln ({}) is using KILN_HOME {}; waiting for it to finish",
+                holder.trim(),
+                site.home.display()
+            );
+            tokio::task::spawn_blocking(move || file.lock().map(|()| file))
+                .await
+                .map_err(|_| CliError::EmbeddedPanicked { what: "home lock" })?
+                .map_err(home_err)?
+        }
+        Err(std::fs::TryLockError::Error(err)) => return Err(home_err(err)),
+    };
+    let _ = std::fs::write(&path, format!("pid {}", std::process::id()));
+    Ok(file)
 }

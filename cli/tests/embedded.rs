@@ -93,3 +93,33 @@ async fn a_failed_build_exits_1_naming_the_image() {
     assert!(failure.message.contains("nowhere.txt"), "{}", failure.message);
     remove_tags(&outcome.events);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_kiln_on_the_same_home_waits_instead_of_failing_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("kiln-home");
+    let (a, _) = hello(&tmp.path().join("a"));
+    // A slow build, so the second kiln starts while the first converge is running.
+    let base = kiln_e2e::docker::busybox_base();
+    std::fs::write(a.join("web/Dockerfile"), format!("FROM {base}\nRUN sleep 3\nCOPY index.html /srv/\n")).unwrap();
+    let (b, _) = hello(&tmp.path().join("b"));
+    let (first, second) = tokio::join!(kiln::up(args(&a, &home)), async {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        kiln::up(args(&b, &home)).await
+    });
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first.outcome, Outcome::Succeeded, "{:#?}", first.events);
+    assert_eq!(second.outcome, Outcome::Succeeded, "{:#?}", second.events);
+    // The second coordinator's start did not mark the first's running converge failed.
+    let status = kiln::status(kiln::StatusArgs {
+        instance: None,
+        connect: Connect::embedded_in(&home),
+        output: OutputMode::Quiet,
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.converges.len(), 2);
+    assert!(status.converges.iter().all(|c| c.outcome == Outcome::Succeeded), "{:#?}", status.converges);
+    remove_tags(&first.events);
+    remove_tags(&second.events);
+}

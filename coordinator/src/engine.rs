@@ -248,6 +248,12 @@ impl Engine {
                 still.join(", ")
             )));
         }
+        for digest in &missing {
+            let bytes = self.store.context(digest).await.ok().flatten().map_or(0, |c| c.bytes);
+            for w in work.iter().filter(|w| w.build && &w.inputs.context.to_string() == digest) {
+                events.emit(EventKind::Uploaded { bytes }, Some(&w.image.name), format!("tree {}", &digest[..12]));
+            }
+        }
         Ok(())
     }
 

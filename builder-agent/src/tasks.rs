@@ -70,7 +70,7 @@ async fn fetch_verify_build(
     tokio::task::spawn_blocking(move || verify_context(&a, &d, &s))
         .await
         .map_err(failed)?
-        .map_err(|e| (ErrorKind::ContextMismatch, crate::host::chain(&e)))?;
+        .map_err(|e| (ErrorKind::ContextMismatch, kiln_core::error_chain(&e)))?;
     let spec = BuildSpec {
         tag: b.tag,
         dockerfile: b.dockerfile,
@@ -88,7 +88,7 @@ async fn fetch_verify_build(
     while let Some(line) = log_rx.recv().await {
         progress(ctx, task_id, line, 0, 0).await;
     }
-    let built = building.await.map_err(failed)?.map_err(|e| failed(crate::host::chain(&e)))?;
+    let built = building.await.map_err(failed)?.map_err(|e| failed(kiln_core::error_chain(&e)))?;
     Ok(Outcome::Built(pb::Built { id: built.id }))
 }
 
@@ -131,12 +131,12 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
         Err(_) if matches!(ctx.store.inspect(&p.reference).await, Ok(None)) => {
             Err((ErrorKind::ImageGone, format!("{} left this host during its push", p.reference)))
         }
-        Err(err) => Err(failed(crate::host::chain(&err))),
+        Err(err) => Err(failed(kiln_core::error_chain(&err))),
     }
 }
 
 async fn list(ctx: &TaskContext) -> TaskResult {
-    let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(crate::host::chain(&e)))?;
+    let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
     let images = images
         .into_iter()
         .map(|i| pb::ListedImage {
@@ -151,7 +151,7 @@ async fn list(ctx: &TaskContext) -> TaskResult {
 }
 
 async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
-    let info = ctx.store.inspect(&i.reference).await.map_err(|e| failed(crate::host::chain(&e)))?;
+    let info = ctx.store.inspect(&i.reference).await.map_err(|e| failed(kiln_core::error_chain(&e)))?;
     Ok(Outcome::Inspected(match info {
         None => pb::Inspected { present: false, ..Default::default() },
         Some(info) => pb::Inspected {
@@ -172,7 +172,7 @@ async fn remove(ctx: &TaskContext, r: pb::RemoveTask) -> TaskResult {
         match ctx.store.remove_tag(&reference).await {
             Ok(Removal::Removed) => out.removed.push(reference),
             Ok(Removal::Absent) => out.absent.push(reference),
-            Err(err) => out.failed.push(format!("{reference}: {}", crate::host::chain(&err))),
+            Err(err) => out.failed.push(format!("{reference}: {}", kiln_core::error_chain(&err))),
         }
     }
     Ok(Outcome::Removed(out))

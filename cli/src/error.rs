@@ -144,14 +144,7 @@ impl CliError {
 
 /// The full message of an error: its own text, then each source's, joined by `: `.
 pub fn report(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    kiln_core::error_chain(err)
 }
 
 #[cfg(test)]

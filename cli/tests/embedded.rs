@@ -4,23 +4,10 @@
 use kiln::{Connect, EventKind, Exit, LogsArgs, Outcome, OutputMode, UpArgs};
 use std::path::{Path, PathBuf};
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let dest = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &dest);
-        } else {
-            std::fs::copy(entry.path(), &dest).unwrap();
-        }
-    }
-}
-
 /// examples/hello under a unique instance name, so its tags are this test's alone.
 fn hello(into: &Path) -> (PathBuf, String) {
     let dir = into.join("hello");
-    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello"), &dir);
+    kiln_e2e::fixture::copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/hello"), &dir);
     let instance = format!("cli{:08x}", fastrand::u32(..));
     let manifest = dir.join("kiln.toml");
     let text = std::fs::read_to_string(&manifest)

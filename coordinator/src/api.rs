@@ -21,9 +21,9 @@ pub struct KilnService {
 
 fn store_status(err: StoreError) -> Status {
     match err {
-        StoreError::ConvergeRunning { .. } => Status::aborted(crate::contexts::chain(&err)),
-        StoreError::UnknownConverge { .. } => Status::not_found(crate::contexts::chain(&err)),
-        other => Status::internal(crate::contexts::chain(&other)),
+        StoreError::ConvergeRunning { .. } => Status::aborted(kiln_core::error_chain(&err)),
+        StoreError::UnknownConverge { .. } => Status::not_found(kiln_core::error_chain(&err)),
+        other => Status::internal(kiln_core::error_chain(&other)),
     }
 }
 

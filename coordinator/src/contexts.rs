@@ -118,7 +118,10 @@ impl Contexts {
         file.sync_all().await.map_err(io)?;
         let verdict = verifier.await.map_err(|e| Status::internal(e.to_string()))?;
         if let Err(err) = verdict {
-            return Err(Status::invalid_argument(format!("upload of context {digest} refused: {}", chain(&err))));
+            return Err(Status::invalid_argument(format!(
+                "upload of context {digest} refused: {}",
+                kiln_core::error_chain(&err)
+            )));
         }
         tokio::fs::rename(tmp, self.path(&digest)).await.map_err(io)?;
         let row = ContextRow { digest: digest.to_string(), bytes: total, stored_at_ms: 0 };
@@ -126,18 +129,6 @@ impl Contexts {
         self.arrived.notify_waiters();
         Ok(total)
     }
-}
-
-/// An error and its sources on one line.
-pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 struct ChannelReader {

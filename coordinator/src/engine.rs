@@ -56,7 +56,7 @@ impl Failure {
 }
 
 fn store_failure(err: crate::store::StoreError) -> Failure {
-    Failure::whole(crate::contexts::chain(&err))
+    Failure::whole(kiln_core::error_chain(&err))
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -23,3 +23,16 @@ pub mod refs;
 pub mod retry;
 pub mod seal;
 pub mod sweep;
+
+/// An error and its sources on one line: how every Kiln process reports a failure, so a message
+/// that crosses the wire keeps its cause (`… : connection refused (os error 111)`).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -157,18 +157,6 @@ pub fn held_by(info: &ImageInfo, farm: &str, tag: &str) -> bool {
     info.repo_tags.iter().any(|worn| ImageRef::parse(worn).is_ok_and(|worn| worn == wanted))
 }
 
-/// An error and its sources on one line, for a task's answer to the coordinator.
-pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@
 //! The node store (containerd) lands with node delivery; it will sit beside `host`.
 
 pub mod host;
+pub mod node;
 
 mod runner;
 mod tasks;

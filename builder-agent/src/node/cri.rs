@@ -6,9 +6,12 @@
 //! through the CRI would also take `app:new` on the same image. Which ids may go is the sweep
 //! planner's decision ([`RemovalMode::PerId`]): an id with any kept name is kept whole and reported.
 //!
-//! What the CRI does not show, it cannot remove: kind's `import-<date>@sha256:…` ref is not among
-//! an image's CRI names, so it outlives `RemoveImage` (and keeps the content) until someone with
-//! containerd's own API removes it.
+//! What the CRI cannot name, it cannot remove: kind's `import-<date>@sha256:…` ref shows only as a
+//! repo digest misspelled under `docker.io/library/`, so it outlives `RemoveImage` (and keeps the
+//! content) until someone with containerd's own API removes it. The CRI's list is a cache fed by
+//! containerd's events, and it misses that removal too (measured on containerd 1.6): it can go on
+//! listing an image containerd no longer holds. So this adapter lists such a ref as the image's
+//! alias, and reports an id that a `RemoveImage` left listed as a failure, never as removed.
 
 use super::content::Conn;
 use super::oci::ImageConfig;

@@ -53,7 +53,7 @@ pub enum NodeError {
     #[error("CRI at {socket} cannot remove {reference}: the CRI removes whole images only, so name the image id (sha256:…) — a named ref would take every tag of its image")]
     NotAnImageId { socket: PathBuf, reference: String },
     /// `refs` are the refs the CRI still shows, as it spells them.
-    #[error("CRI at {socket} removed every name of {id}, but the image stays, held by {refs} which the CRI cannot remove — remove those with containerd's API (`ctr -n k8s.io images rm`), or give the agent containerd's socket")]
+    #[error("CRI at {socket} removed every name of {id}, but still lists it under {refs}, which the CRI cannot remove (kind's `import-*` ref, or its stale memory of one) — remove that ref with containerd's API (`ctr -n k8s.io images rm`), or restart containerd if it no longer holds it; better, give the agent containerd's socket")]
     HeldByHiddenRefs { socket: PathBuf, id: String, refs: String },
     #[error("CRI at {socket} cannot {what} — give the agent containerd's own socket for that")]
     CriOnly { socket: PathBuf, what: &'static str },

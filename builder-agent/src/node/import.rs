@@ -150,7 +150,10 @@ async fn import_leased(
         size: manifest_size,
         annotations: HashMap::new(),
     };
-    point(conn, lease, name, target).await?;
+    // The `sha256:<id>` ref is the one the CRI pins an image's identity to; created here, as a CRI
+    // pull does, so the plugin has nothing left to add behind the import's back.
+    point(conn, lease, &config_digest, &target, Existing::Keep).await?;
+    point(conn, lease, name, &target, Existing::Repoint).await?;
     Ok(Imported { id: config_digest, manifest: manifest_digest, reference: name.to_string(), bytes: manifest.bytes() })
 }
 
@@ -248,25 +251,48 @@ async fn label_blob(conn: &Conn, lease: &str, digest: &str, labels: HashMap<Stri
     Ok(())
 }
 
-/// Creates `name` at `target`, or re-points it there when it already names something else.
-async fn point(conn: &Conn, lease: &str, name: &str, target: TargetDescriptor) -> Result<(), NodeError> {
+/// The label the CRI plugin puts on the refs it manages. A ref created without it gets it from the
+/// plugin's event handler a moment later, by a create-then-update that re-creates the ref if it was
+/// removed in between (containerd 1.6); a ref born with it is left alone.
+const CRI_MANAGED: (&str, &str) = ("io.cri-containerd.image", "managed");
+
+/// How a ref is to be written when it already exists.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    Repoint,
+    Keep,
+}
+
+/// Creates `name` at `target`, CRI-managed; an existing `name` is re-pointed or kept as `existing` says.
+async fn point(
+    conn: &Conn,
+    lease: &str,
+    name: &str,
+    target: &TargetDescriptor,
+    existing: Existing,
+) -> Result<(), NodeError> {
     let mut client = ImagesClient::new(conn.channel.clone());
-    let image = Image { name: name.to_string(), target: Some(target.clone()), ..Default::default() };
+    let labels = HashMap::from([(CRI_MANAGED.0.to_string(), CRI_MANAGED.1.to_string())]);
+    let image = Image { name: name.to_string(), target: Some(target.clone()), labels, ..Default::default() };
     let create = CreateImageRequest { image: Some(image.clone()), ..Default::default() };
     match client.create(conn.request(create, Some(lease))).await {
         Ok(_) => return Ok(()),
+        Err(status) if status.code() == Code::AlreadyExists && existing == Existing::Keep => return Ok(()),
         Err(status) if status.code() == Code::AlreadyExists => {}
         Err(status) => return Err(conn.refused("create image", name, status)),
     }
     let get = GetImageRequest { name: name.to_string() };
-    let existing = conn.call("get image", name, client.get(conn.request(get, None))).await?.into_inner();
-    if existing.image.and_then(|image| image.target).is_some_and(|current| current.digest == target.digest) {
+    let current = conn.call("get image", name, client.get(conn.request(get, None))).await?.into_inner().image;
+    let current = current.unwrap_or_default();
+    if current.target.is_some_and(|t| t.digest == target.digest)
+        && current.labels.get(CRI_MANAGED.0).map(String::as_str) == Some(CRI_MANAGED.1)
+    {
         return Ok(());
     }
     let mut update =
         UpdateImageRequest { image: Some(image), update_mask: Some(Default::default()), ..Default::default() };
     if let Some(mask) = update.update_mask.as_mut() {
-        mask.paths = vec!["target".to_string()];
+        mask.paths = vec!["target".to_string(), format!("labels.{}", CRI_MANAGED.0)];
     }
     conn.call("re-point image", name, client.update(conn.request(update, Some(lease)))).await?;
     Ok(())

@@ -11,7 +11,7 @@ use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::{
-    CreateContainerRequest, CreateImageRequest, GetImageRequest, Image, ListContentRequest,
+    CreateContainerRequest, CreateImageRequest, GetImageRequest, Image, ListContentRequest, ListImagesRequest,
 };
 use containerd_client::types::Descriptor;
 use kiln_agent::node::{ContainerdStore, CriNodeStore, ImportBody, K8S_NAMESPACE};
@@ -103,11 +103,30 @@ impl Containerd {
         image.image.unwrap().target.unwrap()
     }
 
-    /// Creates image record `name` on `target`, as `ctr images tag` or kind's import would.
+    /// Creates image record `name` on `target`, as `ctr images tag` or kind's import would, and
+    /// waits for the CRI plugin to settle.
     pub async fn create_ref(&self, name: &str, target: Descriptor) {
         let mut client = ImagesClient::new(self.channel().await);
         let image = Image { name: name.to_string(), target: Some(target), ..Default::default() };
         client.create(ns(CreateImageRequest { image: Some(image), ..Default::default() })).await.unwrap();
+        self.settle().await;
+    }
+
+    /// Waits until the CRI plugin has handled every ref in the namespace: it marks each with its
+    /// `managed` label (adding the `sha256:<id>` ref as it goes) by a create-then-update that would
+    /// re-create a ref a test removed in between. Real nodes have the same window; the tests wait it
+    /// out so that each removal they assert on is the only one in flight.
+    pub async fn settle(&self) {
+        let mut client = ImagesClient::new(self.channel().await);
+        let mut images = Vec::new();
+        for _ in 0..250 {
+            images = client.list(ns(ListImagesRequest { filters: vec![] })).await.unwrap().into_inner().images;
+            if images.iter().all(|i| i.labels.get("io.cri-containerd.image").map(String::as_str) == Some("managed")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the CRI plugin never marked every ref: {images:#?}");
     }
 
     /// A container record using `image` — no task, no snapshot: only what the Containers service keeps.
@@ -132,7 +151,7 @@ impl Containerd {
 
     /// `ctr -n k8s.io images import --all-platforms --digests -`, exactly as `kind load` runs it on
     /// a node: the named ref plus an `import-<date>@sha256:<manifest>` ref.
-    pub fn ctr_import(&self, archive: &[u8]) {
+    pub async fn ctr_import(&self, archive: &[u8]) {
         use std::io::Write;
         let mut child = Command::new("ctr")
             .arg("--address")
@@ -146,6 +165,7 @@ impl Containerd {
         child.stdin.take().unwrap().write_all(archive).unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "ctr import: {}", String::from_utf8_lossy(&out.stderr));
+        self.settle().await;
     }
 }
 
@@ -260,4 +280,121 @@ fn docker(args: &[&str]) -> String {
     let out = Command::new("docker").args(args).output().unwrap();
     assert!(out.status.success(), "docker {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
+}
+
+impl SavedImage {
+    /// The archive with one byte of its first layer changed: same paths, same sizes, wrong digest.
+    pub fn tampered_layer(&self) -> Vec<u8> {
+        let mut out = tar::Builder::new(Vec::new());
+        let mut tampered = false;
+        for entry in tar::Archive::new(self.archive.as_slice()).entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let mut header = entry.header().clone();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            let is_layer = entry.path().unwrap().to_string_lossy().ends_with("/layer.tar");
+            if is_layer && !tampered && data.len() > 1024 {
+                let middle = data.len() / 2;
+                data[middle] ^= 0xff;
+                tampered = true;
+            }
+            out.append(&mut header, data.as_slice()).unwrap();
+        }
+        assert!(tampered, "the archive has a layer to tamper with");
+        out.into_inner().unwrap()
+    }
+}
+
+/// A hand-made image archive in one of the two layouts `docker save` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synthetic {
+    /// Docker ≤ 24: `<v1id>/layer.tar`, `<config hex>.json`; a layer that occurs twice is written
+    /// once and the second occurrence is a symlink to it, as Docker does.
+    LegacyWithLink,
+    /// Docker ≥ 25: every layer and the config under `blobs/sha256/`, `manifest.json` first.
+    Oci,
+}
+
+#[derive(Debug)]
+pub struct SyntheticArchive {
+    pub bytes: Vec<u8>,
+    pub id: String,
+    pub layer_digests: BTreeSet<String>,
+    /// Config plus every layer occurrence, as the import and a listing count them.
+    pub image_bytes: u64,
+}
+
+pub fn synthetic_archive(layout: Synthetic) -> SyntheticArchive {
+    use sha2::Digest;
+    let hex = |bytes: &[u8]| format!("{:x}", sha2::Sha256::digest(bytes));
+    let layer = |name: &str, body: &[u8]| {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(body.len() as u64);
+        header.set_mode(0o644);
+        builder.append_data(&mut header, name, body).unwrap();
+        builder.into_inner().unwrap()
+    };
+    let a = layer("a.txt", format!("a {:016x}", fastrand::u64(..)).as_bytes());
+    let b = layer("b.txt", &vec![7u8; 300 << 10]);
+    let (da, db) = (hex(&a), hex(&b));
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": { "Labels": { "kiln.dev/kind": "image", "kiln.dev/farm": "node-tests" } },
+        "rootfs": { "type": "layers", "diff_ids": match layout {
+            Synthetic::LegacyWithLink => vec![format!("sha256:{da}"), format!("sha256:{db}"), format!("sha256:{da}")],
+            Synthetic::Oci => vec![format!("sha256:{da}"), format!("sha256:{db}")],
+        } },
+    });
+    let config = serde_json::to_vec(&config).unwrap();
+    let config_hex = hex(&config);
+
+    let mut out = tar::Builder::new(Vec::new());
+    let file = |out: &mut tar::Builder<Vec<u8>>, path: &str, body: &[u8]| {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(body.len() as u64);
+        header.set_mode(0o644);
+        out.append_data(&mut header, path, body).unwrap();
+    };
+    let image_bytes;
+    match layout {
+        Synthetic::LegacyWithLink => {
+            let ids = ["1".repeat(64), "2".repeat(64), "3".repeat(64)];
+            file(&mut out, &format!("{}/layer.tar", ids[0]), &a);
+            file(&mut out, &format!("{}/layer.tar", ids[1]), &b);
+            let mut link = tar::Header::new_ustar();
+            link.set_entry_type(tar::EntryType::Symlink);
+            link.set_size(0);
+            out.append_link(&mut link, format!("{}/layer.tar", ids[2]), format!("../{}/layer.tar", ids[0])).unwrap();
+            file(&mut out, &format!("{config_hex}.json"), &config);
+            let manifest = serde_json::json!([{
+                "Config": format!("{config_hex}.json"),
+                "RepoTags": ["kiln-test/synthetic:1"],
+                "Layers": ids.iter().map(|id| format!("{id}/layer.tar")).collect::<Vec<_>>(),
+            }]);
+            file(&mut out, "manifest.json", &serde_json::to_vec(&manifest).unwrap());
+            image_bytes = config.len() + 2 * a.len() + b.len();
+        }
+        Synthetic::Oci => {
+            let manifest = serde_json::json!([{
+                "Config": format!("blobs/sha256/{config_hex}"),
+                "RepoTags": ["kiln-test/synthetic:1"],
+                "Layers": [format!("blobs/sha256/{da}"), format!("blobs/sha256/{db}")],
+            }]);
+            file(&mut out, "manifest.json", &serde_json::to_vec(&manifest).unwrap());
+            file(&mut out, "oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#);
+            file(&mut out, &format!("blobs/sha256/{da}"), &a);
+            file(&mut out, &format!("blobs/sha256/{db}"), &b);
+            file(&mut out, &format!("blobs/sha256/{config_hex}"), &config);
+            file(&mut out, "index.json", br#"{"schemaVersion":2,"manifests":[]}"#);
+            image_bytes = config.len() + a.len() + b.len();
+        }
+    }
+    SyntheticArchive {
+        bytes: out.into_inner().unwrap(),
+        id: format!("sha256:{config_hex}"),
+        layer_digests: [format!("sha256:{da}"), format!("sha256:{db}")].into(),
+        image_bytes: image_bytes as u64,
+    }
 }

@@ -390,3 +390,54 @@ async fn parallel_imports_of_shared_layers_all_land() {
     let refs: BTreeSet<&String> = find(&listing, &image.id).unwrap().refs.iter().collect();
     assert!(names.iter().all(|name| refs.contains(&format!("docker.io/{name}"))), "{refs:?}");
 }
+
+#[tokio::test]
+async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordinator() {
+    use kiln_proto::v1 as pb;
+    let (node, image) = (Containerd::start().await, SavedImage::build(64 << 10));
+    let store = node.store().await;
+    store.import(image.body(), &spec(&image)).await.unwrap();
+    let mut hub = support_node::hub::StandIn::start().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let config = kiln_agent::AgentConfig {
+        coordinator: hub.url.clone(),
+        agent_id: "node-1".to_string(),
+        scratch_dir: scratch.path().to_path_buf(),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(kiln_agent::run_node_with(config, std::sync::Arc::new(store), async {
+        let _ = stopped.await;
+    }));
+
+    let hello = hub.hello().await;
+    assert_eq!(hello.role(), pb::Role::Node);
+    assert_eq!(hello.stores.len(), 1);
+    assert_eq!(hello.stores[0].kind(), pb::store_info::Kind::Node);
+    assert_eq!(hello.stores[0].id, "containerd@node-1");
+
+    let pb::task_result::Outcome::Listing(listing) = hub.run(pb::task::Kind::List(pb::ListTask {})).await else {
+        panic!("a listing answers a list task");
+    };
+    let listed = listing.images.iter().find(|i| i.id == image.id).expect("the image is listed");
+    assert_eq!(listed.refs, vec![image.qualified.clone(), image.id.clone()]);
+    assert_eq!(listed.labels.get("kiln.dev/kind").map(String::as_str), Some("image"));
+
+    let missing = "docker.io/kiln-test/never:1".to_string();
+    let remove = pb::RemoveTask { references: vec![image.qualified.clone(), missing.clone()] };
+    let pb::task_result::Outcome::Removed(removed) = hub.run(pb::task::Kind::Remove(remove)).await else {
+        panic!("a removal answers a remove task");
+    };
+    assert_eq!(
+        (removed.removed, removed.absent, removed.failed),
+        (vec![image.qualified.clone()], vec![missing], vec![])
+    );
+
+    let build = pb::BuildTask { tag: "x:1".into(), ..Default::default() };
+    let pb::task_result::Outcome::Error(refused) = hub.run(pb::task::Kind::Build(build)).await else {
+        panic!("a node agent refuses to build");
+    };
+    assert_eq!(refused.kind(), pb::task_error::Kind::Unsupported);
+
+    stop.send(()).unwrap();
+    agent.await.unwrap().unwrap();
+}

@@ -195,3 +195,115 @@ impl Read for ChannelRead {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    enum E<'a> {
+        Dir(&'a str),
+        File(&'a str, &'a [u8]),
+        Link(&'a str, &'a str),
+    }
+
+    fn tar_of(entries: &[E<'_>]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for entry in entries {
+            let mut header = tar::Header::new_gnu();
+            match entry {
+                E::File(path, data) => {
+                    header.set_size(data.len() as u64);
+                    builder.append_data(&mut header, path, *data).unwrap();
+                }
+                E::Link(path, target) => {
+                    header.set_entry_type(tar::EntryType::Symlink);
+                    header.set_size(0);
+                    builder.append_link(&mut header, path, target).unwrap();
+                }
+                E::Dir(path) => {
+                    header.set_entry_type(tar::EntryType::Directory);
+                    header.set_size(0);
+                    builder.append_data(&mut header, path, std::io::empty()).unwrap();
+                }
+            }
+        }
+        builder.into_inner().unwrap()
+    }
+
+    async fn collect(archive: Vec<u8>, split: usize) -> Vec<Result<Piece, Failure>> {
+        let chunks: Vec<io::Result<Bytes>> = archive.chunks(split).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        let mut rx = read(Box::pin(futures_util::stream::iter(chunks)));
+        let mut pieces = Vec::new();
+        while let Some(piece) = rx.recv().await {
+            pieces.push(piece);
+        }
+        pieces
+    }
+
+    #[tokio::test]
+    async fn layers_stream_in_chunks_with_their_digest_and_json_arrives_whole() {
+        let layer: Vec<u8> = (0..(2 * CHUNK + 100)).map(|i| (i % 251) as u8).collect();
+        let archive = tar_of(&[
+            E::Dir("abc"),
+            E::File("abc/VERSION", b"1.0"),
+            E::File("abc/json", b"{}"),
+            E::File("abc/layer.tar", &layer),
+            E::Link("def/layer.tar", "../abc/layer.tar"),
+            E::File("cfg.json", b"{\"rootfs\":{}}"),
+            E::File("manifest.json", b"[]"),
+            E::File("repositories", b"{}"),
+        ]);
+        let pieces: Vec<Piece> = collect(archive, 7000).await.into_iter().map(Result::unwrap).collect();
+        let sizes: Vec<usize> =
+            pieces.iter().filter_map(|p| if let Piece::Data(d) = p { Some(d.len()) } else { None }).collect();
+        assert_eq!(sizes, vec![CHUNK, CHUNK, 100], "no piece is larger than a chunk");
+        assert!(
+            matches!(&pieces[0], Piece::Start { path, size } if path == "abc/layer.tar" && *size == layer.len() as u64)
+        );
+        assert!(matches!(&pieces[4], Piece::End { digest } if *digest == super::super::oci::sha256(&layer)));
+        assert!(
+            matches!(&pieces[5], Piece::Link { path, target } if path == "def/layer.tar" && target == "abc/layer.tar")
+        );
+        assert!(matches!(&pieces[6], Piece::Small { path, .. } if path == "cfg.json"));
+        assert!(matches!(&pieces[7], Piece::Small { path, bytes } if path == "manifest.json" && bytes == b"[]"));
+        assert_eq!(pieces.len(), 8, "VERSION, json, directories and repositories are skipped");
+    }
+
+    #[tokio::test]
+    async fn a_link_out_of_the_archive_and_an_oversized_json_are_refused() {
+        let out = tar_of(&[E::Link("abc/layer.tar", "../../etc/passwd")]);
+        let last = collect(out, 512).await.pop().unwrap();
+        assert!(matches!(last, Err(Failure::Malformed(why)) if why.contains("outside")));
+
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(SMALL_LIMIT + 1);
+        builder.append_data(&mut header, "manifest.json", io::repeat(b' ').take(SMALL_LIMIT + 1)).unwrap();
+        let last = collect(builder.into_inner().unwrap(), 1 << 20).await.pop().unwrap();
+        assert!(matches!(last, Err(Failure::Malformed(why)) if why.contains("manifest.json")));
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_fails_or_stops_midway_is_a_read_failure() {
+        let layer = vec![1u8; 10_000];
+        let archive = tar_of(&[E::File("abc/layer.tar", &layer)]);
+        let last = collect(archive[..3000].to_vec(), 512).await.pop().unwrap();
+        assert!(matches!(last, Err(Failure::Read(_))));
+
+        let chunks = vec![Ok(Bytes::from(archive[..1024].to_vec())), Err(io::Error::other("peer went away"))];
+        let mut rx = read(Box::pin(futures_util::stream::iter(chunks)));
+        let mut last = None;
+        while let Some(piece) = rx.recv().await {
+            last = Some(piece);
+        }
+        assert!(matches!(last, Some(Err(Failure::Read(err))) if err.to_string() == "peer went away"));
+    }
+
+    #[test]
+    fn links_resolve_inside_the_archive_only() {
+        assert_eq!(resolve("b/layer.tar", "../a/layer.tar").as_deref(), Some("a/layer.tar"));
+        assert_eq!(resolve("b/layer.tar", "./x/../layer.tar").as_deref(), Some("b/layer.tar"));
+        assert_eq!(resolve("b/layer.tar", "/a/layer.tar").as_deref(), Some("a/layer.tar"));
+        assert_eq!(resolve("b/layer.tar", "../../a"), None);
+    }
+}

@@ -7,6 +7,10 @@
 //! between its write and the manifest that will keep it; when the import fails, ending the lease
 //! leaves the partial content to the collector.
 //!
+//! The name is created the way a CRI pull creates it: beside it goes the `sha256:<id>` ref the CRI
+//! keys images by, and both carry the CRI's `managed` label. Left to itself the CRI plugin adds
+//! both a moment later, racing the sweep (it re-creates a ref removed in that window).
+//!
 //! Verification is by digest: the config must hash to the image id asked for, and each layer to
 //! the config's `rootfs.diff_ids` entry in its place. The id thus pins every byte, and a name is
 //! only ever pointed at content that was checked.

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test uses a different part of the harness
 
+pub mod hub;
+
 use bytes::Bytes;
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::content_client::ContentClient;
@@ -289,7 +291,7 @@ impl SavedImage {
         let mut tampered = false;
         for entry in tar::Archive::new(self.archive.as_slice()).entries().unwrap() {
             let mut entry = entry.unwrap();
-            let mut header = entry.header().clone();
+            let header = entry.header().clone();
             let mut data = Vec::new();
             entry.read_to_end(&mut data).unwrap();
             let is_layer = entry.path().unwrap().to_string_lossy().ends_with("/layer.tar");
@@ -298,7 +300,7 @@ impl SavedImage {
                 data[middle] ^= 0xff;
                 tampered = true;
             }
-            out.append(&mut header, data.as_slice()).unwrap();
+            out.append(&header, data.as_slice()).unwrap();
         }
         assert!(tampered, "the archive has a layer to tamper with");
         out.into_inner().unwrap()
@@ -357,8 +359,7 @@ pub fn synthetic_archive(layout: Synthetic) -> SyntheticArchive {
         header.set_mode(0o644);
         out.append_data(&mut header, path, body).unwrap();
     };
-    let image_bytes;
-    match layout {
+    let image_bytes = match layout {
         Synthetic::LegacyWithLink => {
             let ids = ["1".repeat(64), "2".repeat(64), "3".repeat(64)];
             file(&mut out, &format!("{}/layer.tar", ids[0]), &a);
@@ -374,7 +375,7 @@ pub fn synthetic_archive(layout: Synthetic) -> SyntheticArchive {
                 "Layers": ids.iter().map(|id| format!("{id}/layer.tar")).collect::<Vec<_>>(),
             }]);
             file(&mut out, "manifest.json", &serde_json::to_vec(&manifest).unwrap());
-            image_bytes = config.len() + 2 * a.len() + b.len();
+            config.len() + 2 * a.len() + b.len()
         }
         Synthetic::Oci => {
             let manifest = serde_json::json!([{
@@ -388,9 +389,9 @@ pub fn synthetic_archive(layout: Synthetic) -> SyntheticArchive {
             file(&mut out, &format!("blobs/sha256/{db}"), &b);
             file(&mut out, &format!("blobs/sha256/{config_hex}"), &config);
             file(&mut out, "index.json", br#"{"schemaVersion":2,"manifests":[]}"#);
-            image_bytes = config.len() + a.len() + b.len();
+            config.len() + a.len() + b.len()
         }
-    }
+    };
     SyntheticArchive {
         bytes: out.into_inner().unwrap(),
         id: format!("sha256:{config_hex}"),

@@ -69,10 +69,16 @@ async fn sweep(store: &dyn NodeStore, roots: &Roots) -> Vec<(RemovalTarget, Remo
 async fn an_import_lists_under_its_id_with_its_bytes_and_labels() {
     let (node, image) = (Containerd::start().await, SavedImage::build(3 << 20));
     let store = node.store().await;
+    assert!(!store.holds(&image.tag, &image.id).await.unwrap(), "nothing is held before the import");
     let imported = store.import(image.body(), &spec(&image)).await.unwrap();
 
     assert_eq!(imported.id, image.id);
     assert_eq!(imported.reference, image.qualified);
+    // Delivery skips a node where the name already names the id, in any spelling.
+    assert!(store.holds(&image.tag, &image.id).await.unwrap());
+    assert!(store.holds(&image.qualified, &image.id).await.unwrap());
+    assert!(!store.holds(&format!("{}-other", image.tag), &image.id).await.unwrap());
+    assert!(!store.holds(&image.tag, &format!("sha256:{}", "0".repeat(64))).await.unwrap());
     assert_eq!(imported.bytes, image.bytes());
     let listing = store.list().await.unwrap();
     let listed = find(&listing, &image.id).expect("the imported image is listed");
@@ -92,6 +98,7 @@ async fn an_import_lists_under_its_id_with_its_bytes_and_labels() {
     // The CRI sees the image too: the kubelet would find it and not pull.
     let cri = node.cri().await;
     let seen = list_until(&cri, |l| find(l, &image.id).is_some()).await;
+    assert!(cri.holds(&image.tag, &image.id).await.unwrap());
     assert_eq!(find(&seen, &image.id).unwrap().refs, vec![image.qualified.clone()]);
     assert_eq!(find(&seen, &image.id).unwrap().labels, listed.labels);
 }

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use containerd_client::services::v1::containers_client::ContainersClient;
 use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::version_client::VersionClient;
-use containerd_client::services::v1::{DeleteImageRequest, ListContainersRequest, ListImagesRequest};
+use containerd_client::services::v1::{DeleteImageRequest, GetImageRequest, ListContainersRequest, ListImagesRequest};
 use containerd_client::types::Descriptor;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use kiln_core::refs::{ImageRef, Platform};
@@ -200,6 +200,21 @@ impl NodeStore for ContainerdStore {
         let images: BTreeSet<String> =
             containers.into_iter().map(|c| c.image).filter(|image| !image.is_empty()).collect();
         Ok(images.into_iter().collect())
+    }
+
+    async fn holds(&self, reference: &str, id: &str) -> Result<bool, NodeError> {
+        let name = ImageRef::parse(reference)
+            .map_err(|source| NodeError::BadReference { reference: reference.to_string(), source })?
+            .normalized();
+        let mut client = ImagesClient::new(self.conn.channel.clone());
+        let request = self.conn.request(GetImageRequest { name: name.clone() }, None);
+        let image = match self.conn.call("get image", &name, client.get(request)).await {
+            Ok(answer) => answer.into_inner().image,
+            Err(NodeError::Refused { source, .. }) if source.code() == Code::NotFound => None,
+            Err(err) => return Err(err),
+        };
+        let Some(target) = image.and_then(|image| image.target) else { return Ok(false) };
+        Ok(self.resolve(&target).await?.is_some_and(|found| found.id == id))
     }
 
     async fn ping(&self) -> Result<(), NodeError> {

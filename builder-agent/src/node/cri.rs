@@ -187,6 +187,10 @@ impl NodeStore for CriNodeStore {
         Ok(images.into_iter().collect())
     }
 
+    async fn holds(&self, reference: &str, id: &str) -> Result<bool, NodeError> {
+        Ok(self.status(reference).await?.is_some_and(|(image, _)| image.id == id))
+    }
+
     async fn ping(&self) -> Result<(), NodeError> {
         let mut client = RuntimeServiceClient::new(self.conn.channel.clone());
         let request = self.conn.request(VersionRequest { version: "v1".to_string() }, None);

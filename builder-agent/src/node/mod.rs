@@ -128,9 +128,8 @@ pub trait NodeStore: Send + Sync {
 
     async fn ping(&self) -> Result<(), NodeError>;
 
-    /// Whether the store already holds image `id` under any ref: a delivery to a node that does is
-    /// skipped.
-    async fn holds(&self, id: &str) -> Result<bool, NodeError> {
-        Ok(self.list().await?.iter().any(|image| image.id == id))
-    }
+    /// Whether `reference` (any spelling) already names image `id` here: a delivery to a node where
+    /// it does is skipped. The image under another name does not count — the workload asks for
+    /// this name.
+    async fn holds(&self, reference: &str, id: &str) -> Result<bool, NodeError>;
 }

@@ -5,13 +5,17 @@
 //!   domain types, [`host::verify_context`] (the check that a tag never names bytes it does not
 //!   address), and [`host::DockerStore`], the real adapter over the Docker Engine API (bollard).
 //!
-//! - [`run`] — the agent's loop: connect, hello, execute tasks (`tasks`), reconnect on the ladder.
-//!
-//! The node store (containerd) lands with node delivery; it will sit beside `host`.
+//! - [`node`] — the node store: the narrow [`node::NodeStore`] trait, [`node::ContainerdStore`]
+//!   over containerd's own API (lists every ref grouped by image id, imports a `docker save`
+//!   stream by digest, removes per ref) and [`node::CriNodeStore`] over the CRI alone (removes
+//!   whole ids only).
+//! - [`run`] — the agent's loop: connect, hello, execute tasks (`tasks`), reconnect on the ladder;
+//!   [`run_node`] is the same loop for a node agent.
 
 pub mod host;
+pub mod node;
 
 mod runner;
 mod tasks;
 
-pub use runner::{run, run_with, AgentConfig, RunError};
+pub use runner::{node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError};

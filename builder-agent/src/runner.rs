@@ -1,8 +1,13 @@
 //! `run`: the agent as a library — connects to the coordinator, says hello, executes the tasks it
 //! is sent, and reconnects forever on the retry ladder when the stream breaks. The CLI's embedded
 //! mode, `kiln-agent` the binary and the tests start this same function.
+//!
+//! An agent serves one store: a host store ([`run`], [`run_with`]: builds, pushes, lists, untags)
+//! or a node store ([`run_node`], [`run_node_with`]: lists and removes; see `node::tasks`). The
+//! session loop is the same; only the hello and the task dispatch differ.
 
 use crate::host::{DockerStore, HostStore};
+use crate::node::{NodeConfig, NodeStore, RemovalMode};
 use crate::tasks;
 use kiln_core::refs::PlatformSet;
 use kiln_core::retry::{Ladder, LadderConfig};
@@ -35,6 +40,12 @@ pub enum RunError {
         #[source]
         err: crate::host::HostError,
     },
+    #[error("agent {agent}: cannot reach the node's image store")]
+    Node {
+        agent: String,
+        #[source]
+        err: crate::node::NodeError,
+    },
     #[error("agent {agent}: the coordinator at {url} refused it: {why}")]
     Refused { agent: String, url: String, why: String },
     #[error("agent {agent}: {url} is not a valid coordinator URL — use http://host:port")]
@@ -61,6 +72,46 @@ pub async fn run_with(
     store: Arc<dyn HostStore>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    serve(config, Served::Host(store), shutdown).await
+}
+
+/// Runs a node agent (role `node`) over the node store `node` names, until `shutdown` resolves.
+pub async fn run_node(
+    config: AgentConfig,
+    node: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let store = node.connect().await.map_err(|err| RunError::Node { agent: config.agent_id.clone(), err })?;
+    run_node_with(config, store, shutdown).await
+}
+
+/// Runs a node agent with the node store given.
+pub async fn run_node_with(
+    config: AgentConfig,
+    store: Arc<dyn NodeStore>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    serve(config, Served::Node(store), shutdown).await
+}
+
+/// The one store an agent serves.
+#[derive(Clone)]
+enum Served {
+    Host(Arc<dyn HostStore>),
+    Node(Arc<dyn NodeStore>),
+}
+
+/// Where one session sends its tasks.
+enum Dispatch {
+    Host(Arc<tasks::TaskContext>),
+    Node(Arc<dyn NodeStore>),
+}
+
+async fn serve(
+    config: AgentConfig,
+    served: Served,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
     std::fs::create_dir_all(&config.scratch_dir).map_err(|err| RunError::Scratch {
         agent: config.agent_id.clone(),
         dir: config.scratch_dir.clone(),
@@ -73,7 +124,7 @@ pub async fn run_with(
     let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
     let mut failing_since: Option<Instant> = None;
     loop {
-        match session(&config, &endpoint, store.clone(), &mut shutdown).await {
+        match session(&config, &endpoint, served.clone(), &mut shutdown).await {
             Session::Stopped => return Ok(()),
             Session::Refused(why) => {
                 return Err(RunError::Refused { agent: config.agent_id.clone(), url: config.coordinator.clone(), why })
@@ -101,12 +152,24 @@ enum Session {
     Broken { was_connected: bool, why: String },
 }
 
-fn hello(config: &AgentConfig) -> pb::AgentMessage {
-    let store = pb::StoreInfo { id: format!("docker@{}", config.agent_id), kind: pb::store_info::Kind::Host as i32 };
+fn hello(config: &AgentConfig, served: &Served) -> pb::AgentMessage {
+    let (role, store) = match served {
+        Served::Host(_) => (
+            pb::Role::Host,
+            pb::StoreInfo { id: format!("docker@{}", config.agent_id), kind: pb::store_info::Kind::Host as i32 },
+        ),
+        Served::Node(node) => (
+            pb::Role::Node,
+            pb::StoreInfo {
+                id: node_store_id(&config.agent_id, node.removal_mode()),
+                kind: pb::store_info::Kind::Node as i32,
+            },
+        ),
+    };
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::Hello(pb::Hello {
             agent_id: config.agent_id.clone(),
-            role: pb::Role::Host as i32,
+            role: role as i32,
             stores: vec![store],
             platforms: vec![PlatformSet::host().oci()],
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -114,10 +177,20 @@ fn hello(config: &AgentConfig) -> pb::AgentMessage {
     }
 }
 
+/// A node store's id in the hello: `containerd@<agent>` when it can untag, `cri@<agent>` when it
+/// removes whole ids only. Until `StoreInfo` carries the removal mode, the prefix is how the
+/// coordinator can tell which one the sweep planner must assume.
+pub fn node_store_id(agent_id: &str, removal: RemovalMode) -> String {
+    match removal {
+        RemovalMode::PerRef => format!("containerd@{agent_id}"),
+        RemovalMode::PerId => format!("cri@{agent_id}"),
+    }
+}
+
 async fn session(
     config: &AgentConfig,
     endpoint: &Endpoint,
-    store: Arc<dyn HostStore>,
+    served: Served,
     shutdown: &mut Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> Session {
     let broken = |was_connected, why: String| Session::Broken { was_connected, why };
@@ -129,7 +202,7 @@ async fn session(
         _ = &mut *shutdown => return Session::Stopped,
     };
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(256);
-    let _ = tx.send(hello(config)).await;
+    let _ = tx.send(hello(config, &served)).await;
     let mut client = pb::agent_hub_client::AgentHubClient::new(channel.clone());
     let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
@@ -146,12 +219,15 @@ async fn session(
         Err(status) => return broken(false, status.message().to_string()),
     };
     tracing::info!(agent = %config.agent_id, url = %config.coordinator, "connected to the coordinator");
-    let ctx = Arc::new(tasks::TaskContext {
-        store,
-        content: pb::content_store_client::ContentStoreClient::new(channel),
-        scratch: config.scratch_dir.clone(),
-        out: tx.clone(),
-    });
+    let dispatch = match served {
+        Served::Host(store) => Dispatch::Host(Arc::new(tasks::TaskContext {
+            store,
+            content: pb::content_store_client::ContentStoreClient::new(channel),
+            scratch: config.scratch_dir.clone(),
+            out: tx.clone(),
+        })),
+        Served::Node(store) => Dispatch::Node(store),
+    };
     let mut beat = tokio::time::interval(heartbeat);
     loop {
         tokio::select! {
@@ -168,7 +244,10 @@ async fn session(
             }
             msg = inbound.message() => match msg {
                 Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) })) => {
-                    tokio::spawn(tasks::execute(ctx.clone(), task));
+                    match &dispatch {
+                        Dispatch::Host(ctx) => tokio::spawn(tasks::execute(ctx.clone(), task)),
+                        Dispatch::Node(store) => tokio::spawn(crate::node::tasks::execute(store.clone(), tx.clone(), task)),
+                    };
                 }
                 // Cancellation is best effort: a task already sent to Docker runs to its end.
                 Ok(Some(_)) => {}

@@ -21,7 +21,7 @@ pub(crate) struct TaskContext {
     pub out: mpsc::Sender<pb::AgentMessage>,
 }
 
-type TaskResult = Result<Outcome, (ErrorKind, String)>;
+pub(crate) type TaskResult = Result<Outcome, (ErrorKind, String)>;
 
 fn failed(err: impl std::fmt::Display) -> (ErrorKind, String) {
     (ErrorKind::Failed, err.to_string())
@@ -37,12 +37,17 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
         Some(pb::task::Kind::Remove(r)) => remove(&ctx, r).await,
         None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
+    answer(&ctx.out, id, result).await;
+}
+
+/// Sends a task's one answer; a failure is an answer too.
+pub(crate) async fn answer(out: &mpsc::Sender<pb::AgentMessage>, task_id: String, result: TaskResult) {
     let outcome = match result {
         Ok(outcome) => outcome,
         Err((kind, message)) => Outcome::Error(pb::TaskError { kind: kind as i32, message }),
     };
-    let result = pb::TaskResult { task_id: id, outcome: Some(outcome) };
-    let _ = ctx.out.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Result(result)) }).await;
+    let result = pb::TaskResult { task_id, outcome: Some(outcome) };
+    let _ = out.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Result(result)) }).await;
 }
 
 async fn progress(ctx: &TaskContext, task_id: &str, log_line: String, current: u64, total: u64) {
@@ -137,6 +142,10 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
 
 async fn list(ctx: &TaskContext) -> TaskResult {
     let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
+    Ok(listing(images))
+}
+
+pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
     let images = images
         .into_iter()
         .map(|i| pb::ListedImage {
@@ -147,7 +156,7 @@ async fn list(ctx: &TaskContext) -> TaskResult {
             bytes: i.bytes,
         })
         .collect();
-    Ok(Outcome::Listing(pb::Listing { images }))
+    Outcome::Listing(pb::Listing { images })
 }
 
 async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {

@@ -1,4 +1,5 @@
-//! `kiln-agent`: a builder agent on a build host, connected to a served coordinator.
+//! `kiln-agent`: a builder agent on a build host (role `host`, the default) or a node agent on a
+//! cluster node (role `node`), connected to a served coordinator.
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -7,7 +8,7 @@ use std::path::PathBuf;
 #[command(
     name = "kiln-agent",
     version,
-    about = "Kiln's builder agent: builds, pushes, lists and removes on this host's Docker"
+    about = "Kiln's agent: builds, pushes, lists and removes on this host's Docker (role host), or lists and removes in this node's containerd (role node)"
 )]
 struct Args {
     /// The coordinator's URL.
@@ -19,6 +20,24 @@ struct Args {
     /// Where contexts are fetched and verified before a build.
     #[arg(long, env = "KILN_SCRATCH", default_value = "/var/tmp/kiln-agent")]
     scratch: PathBuf,
+    /// Which store this agent serves: the host's Docker daemon, or the node's containerd.
+    #[arg(long, env = "KILN_ROLE", value_enum, default_value = "host")]
+    role: Role,
+    /// Role node: containerd's gRPC socket (the CRI is served on it too).
+    #[arg(long, env = "KILN_CONTAINERD", default_value = "/run/containerd/containerd.sock")]
+    containerd: PathBuf,
+    /// Role node: the containerd namespace the kubelet's CRI uses.
+    #[arg(long, env = "KILN_NAMESPACE", default_value = kiln_agent::node::K8S_NAMESPACE)]
+    namespace: String,
+    /// Role node: reach the node through the CRI alone (no untagging: whole ids only).
+    #[arg(long, env = "KILN_CRI_ONLY")]
+    cri_only: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Host,
+    Node,
 }
 
 #[tokio::main]
@@ -38,6 +57,16 @@ async fn main() -> anyhow::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    kiln_agent::run(config, shutdown).await?;
+    match args.role {
+        Role::Host => kiln_agent::run(config, shutdown).await?,
+        Role::Node => {
+            let node = kiln_agent::node::NodeConfig {
+                socket: args.containerd,
+                namespace: args.namespace,
+                cri_only: args.cri_only,
+            };
+            kiln_agent::run_node(config, node, shutdown).await?
+        }
+    }
     Ok(())
 }

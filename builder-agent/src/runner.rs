@@ -101,8 +101,13 @@ enum Session {
     Broken { was_connected: bool, why: String },
 }
 
+/// The id this agent's host store is announced and addressed by.
+fn host_store_id(config: &AgentConfig) -> String {
+    format!("docker@{}", config.agent_id)
+}
+
 fn hello(config: &AgentConfig) -> pb::AgentMessage {
-    let store = pb::StoreInfo { id: format!("docker@{}", config.agent_id), kind: pb::store_info::Kind::Host as i32 };
+    let store = pb::StoreInfo { id: host_store_id(config), kind: pb::store_info::Kind::Host as i32 };
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::Hello(pb::Hello {
             agent_id: config.agent_id.clone(),
@@ -148,6 +153,7 @@ async fn session(
     tracing::info!(agent = %config.agent_id, url = %config.coordinator, "connected to the coordinator");
     let ctx = Arc::new(tasks::TaskContext {
         store,
+        store_id: host_store_id(config),
         content: pb::content_store_client::ContentStoreClient::new(channel),
         scratch: config.scratch_dir.clone(),
         out: tx.clone(),

@@ -33,6 +33,9 @@ pub struct Counting {
     /// Pushes still to sabotage: each untags its image first, as a sweep elsewhere might between
     /// a build and its delivery.
     pub sweep_before_push: AtomicUsize,
+    /// Builds still to sabotage: each untags its image right after Docker built it, as a sweep
+    /// elsewhere might before the converge reads it back.
+    pub sweep_after_build: AtomicUsize,
     /// Refs whose removal fails, as a daemon refusing one untag would.
     pub refuse_removal_of: Mutex<HashSet<String>>,
     /// Holds every finished build until the test lets it go; see [`BuildPause`].
@@ -59,6 +62,10 @@ impl HostStore for Counting {
     ) -> Result<Built, HostError> {
         self.builds.fetch_add(1, Ordering::SeqCst);
         let built = self.inner.build(context_archive, spec, log).await;
+        let sabotage = self.sweep_after_build.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if built.is_ok() && sabotage.is_ok() {
+            self.inner.remove_tag(&spec.tag).await?;
+        }
         if self.pause.armed.load(Ordering::SeqCst) {
             self.pause.built.notify_one();
             let _open = self.pause.gate.lock().await;
@@ -127,6 +134,7 @@ impl Farm {
             builds: AtomicUsize::new(0),
             pushes: AtomicUsize::new(0),
             sweep_before_push: AtomicUsize::new(0),
+            sweep_after_build: AtomicUsize::new(0),
             refuse_removal_of: Mutex::new(HashSet::new()),
             pause: BuildPause::default(),
         });

@@ -312,6 +312,22 @@ async fn a_pin_keeps_an_unreachable_image_until_it_is_unpinned() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_ref_swept_right_after_its_build_is_rebuilt_and_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = example("hello", tmp.path(), "hello", &unique("swgone"), None);
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    farm.store.sweep_after_build.store(1, std::sync::atomic::Ordering::SeqCst);
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let notes: Vec<&str> = events.iter().filter(|e| e.kind() == Kind::Note).map(|e| e.message.as_str()).collect();
+    assert!(notes.iter().any(|n| n.contains("right after its delivery") && n.contains("rebuilding")), "{notes:?}");
+    assert_eq!(farm.builds(), 3, "the swept image alone was built again");
+    assert!(present(&reference(&dir, "web")) && present(&reference(&dir, "worker")));
+    farm.stop().await;
+    remove_built(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pin_that_names_no_ref_is_refused_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let mut farm = Farm::start(&tmp.path().join("home")).await;

@@ -238,6 +238,28 @@ async fn a_dry_run_removes_nothing_and_plans_exactly_what_gc_then_removes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untagged_image_of_this_farm_is_swept_by_its_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let tag = format!("{}-moved:1", unique("swid"));
+    let labels = [(LABEL_KIND, "image"), (LABEL_INSTANCE, "moved"), (LABEL_FARM, farm.farm_id.as_str())];
+    let orphan = docker::plant_labeled(&[&tag], &labels, "first");
+    // The tag moves to another image; the first keeps its labels and no name at all.
+    let current = docker::plant_labeled(&[&tag], &labels, "second");
+    assert_ne!(orphan, current);
+
+    let events = gc(&farm.url, false, None).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let mut expected = vec![orphan.clone(), tag.clone()];
+    expected.sort();
+    assert_eq!(swept_refs(&events, Kind::Removed), expected, "the tag, and the nameless image by id");
+    assert_eq!(swept(&events).map(|e| e.count), Some(2));
+    assert!(!present(&orphan) && !present(&tag));
+    farm.stop().await;
+    cleanup(&[&tag, &orphan]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gc_for_one_instance_takes_only_that_instances_images() {
     let tmp = tempfile::tempdir().unwrap();
     let mut farm = Farm::start(&tmp.path().join("home")).await;

@@ -19,8 +19,9 @@ mod roots;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use kiln_core::sweep::StoreListing;
-use kiln_core::sweep::{plan, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, StoreId, StoreKind, StorePlan};
+use kiln_core::sweep::{
+    plan, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, StoreId, StoreKind, StoreListing, StorePlan,
+};
 use kiln_proto::v1 as pb;
 use tokio::task::JoinSet;
 

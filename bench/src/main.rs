@@ -5,6 +5,7 @@
 
 mod digest;
 mod pack;
+mod sweep_plan;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -22,11 +23,14 @@ enum Bench {
     Digest(digest::Args),
     /// Archive pack of a small-file tree vs `tar --sort=name`.
     Pack(pack::Args),
+    /// Sweep planning: 100k listed images × 1,000 stores × 10k roots through the pure planner.
+    SweepPlan(sweep_plan::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Bench::Digest(args) => digest::run(&args),
         Bench::Pack(args) => pack::run(&args),
+        Bench::SweepPlan(args) => sweep_plan::run(&args),
     }
 }

@@ -152,12 +152,16 @@ enum Session {
     Broken { was_connected: bool, why: String },
 }
 
+/// The id this agent's host store is announced and addressed by.
+fn host_store_id(config: &AgentConfig) -> String {
+    format!("docker@{}", config.agent_id)
+}
+
 fn hello(config: &AgentConfig, served: &Served) -> pb::AgentMessage {
     let (role, store) = match served {
-        Served::Host(_) => (
-            pb::Role::Host,
-            pb::StoreInfo { id: format!("docker@{}", config.agent_id), kind: pb::store_info::Kind::Host as i32 },
-        ),
+        Served::Host(_) => {
+            (pb::Role::Host, pb::StoreInfo { id: host_store_id(config), kind: pb::store_info::Kind::Host as i32 })
+        }
         Served::Node(node) => (
             pb::Role::Node,
             pb::StoreInfo {
@@ -222,6 +226,7 @@ async fn session(
     let dispatch = match served {
         Served::Host(store) => Dispatch::Host(Arc::new(tasks::TaskContext {
             store,
+            store_id: host_store_id(config),
             content: pb::content_store_client::ContentStoreClient::new(channel),
             scratch: config.scratch_dir.clone(),
             out: tx.clone(),

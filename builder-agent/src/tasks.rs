@@ -16,6 +16,8 @@ use tonic::transport::Channel;
 /// What every task shares: the store, the way back to the coordinator, a scratch directory.
 pub(crate) struct TaskContext {
     pub store: Arc<dyn HostStore>,
+    /// The host store's id, as the agent's hello announced it.
+    pub store_id: String,
     pub content: pb::content_store_client::ContentStoreClient<Channel>,
     pub scratch: PathBuf,
     pub out: mpsc::Sender<pb::AgentMessage>,
@@ -32,7 +34,7 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
     let result = match task.kind {
         Some(pb::task::Kind::Build(b)) => build(&ctx, &id, b).await,
         Some(pb::task::Kind::Push(p)) => push(&ctx, &id, p).await,
-        Some(pb::task::Kind::List(_)) => list(&ctx).await,
+        Some(pb::task::Kind::List(l)) => list(&ctx, l).await,
         Some(pb::task::Kind::Inspect(i)) => inspect(&ctx, i).await,
         Some(pb::task::Kind::Remove(r)) => remove(&ctx, r).await,
         None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
@@ -140,12 +142,24 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
     }
 }
 
-async fn list(ctx: &TaskContext) -> TaskResult {
-    let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
-    Ok(listing(images))
+/// A task naming a store this agent does not hold is refused as unsupported, not run against the
+/// host store: removals meant for a node's containerd must never reach the build host's Docker.
+fn check_store(ctx: &TaskContext, store: &str) -> Result<(), (ErrorKind, String)> {
+    if store.is_empty() || store == ctx.store_id {
+        return Ok(());
+    }
+    Err((ErrorKind::Unsupported, format!("this agent holds store {} only, not {store}", ctx.store_id)))
 }
 
-pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
+async fn list(ctx: &TaskContext, l: pb::ListTask) -> TaskResult {
+    check_store(ctx, &l.store)?;
+    // Containers first: an image a container starts using between the two reads is then listed
+    // (and kept by its tag's root, if any) rather than seen unused.
+    let in_use = match l.workloads {
+        true => ctx.store.images_in_use().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?,
+        false => Vec::new(),
+    };
+    let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
     let images = images
         .into_iter()
         .map(|i| pb::ListedImage {
@@ -156,7 +170,7 @@ pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
             bytes: i.bytes,
         })
         .collect();
-    Outcome::Listing(pb::Listing { images })
+    Ok(Outcome::Listing(pb::Listing { images, in_use, workloads_listed: l.workloads, removes_whole_ids: false }))
 }
 
 async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
@@ -175,14 +189,46 @@ async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
 }
 
 async fn remove(ctx: &TaskContext, r: pb::RemoveTask) -> TaskResult {
+    check_store(ctx, &r.store)?;
     let mut out = pb::Removed::default();
-    // Every removal is tried: one failure is reported, never allowed to abandon the rest.
+    // Every removal is tried: one failure is reported, never allowed to abandon the rest. Tags go
+    // before ids, so an id whose last tag this task takes is already gone when its turn comes.
     for reference in r.references {
-        match ctx.store.remove_tag(&reference).await {
-            Ok(Removal::Removed) => out.removed.push(reference),
-            Ok(Removal::Absent) => out.absent.push(reference),
-            Err(err) => out.failed.push(format!("{reference}: {}", kiln_core::error_chain(&err))),
-        }
+        let result = ctx.store.remove_tag(&reference).await;
+        record(&mut out, reference, result);
+    }
+    for id in r.image_ids {
+        let result = ctx.store.remove_image(&id).await;
+        record(&mut out, id, result);
     }
     Ok(Outcome::Removed(out))
+}
+
+fn record(out: &mut pb::Removed, reference: String, result: Result<Removal, HostError>) {
+    match result {
+        Ok(Removal::Removed) => out.removed.push(reference),
+        Ok(Removal::Absent) => out.absent.push(reference),
+        Err(err) => {
+            let reason = kiln_core::error_chain(&err);
+            tracing::warn!(%reference, %reason, "removal failed; the rest proceed");
+            out.failed.push(format!("{reference}: {reason}"));
+            out.failures.push(pb::RemovalFailure { reference, reason });
+        }
+    }
+}
+
+/// A node store's listing as the wire carries it (workloads and whole-id removal come with node
+/// sweeps).
+pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
+    let images = images
+        .into_iter()
+        .map(|i| pb::ListedImage {
+            id: i.id,
+            refs: i.refs,
+            digests: i.digests,
+            labels: i.labels.into_iter().collect(),
+            bytes: i.bytes,
+        })
+        .collect();
+    Outcome::Listing(pb::Listing { images, ..Default::default() })
 }

@@ -293,6 +293,44 @@ async fn remove_tag_refuses_a_ref_without_a_tag() {
 }
 
 #[tokio::test]
+async fn images_in_use_names_a_stopped_containers_image_by_ref_and_by_id() {
+    let (store, cleanup) = (store().await, Cleanup::default());
+    let ctx = context(&[("Dockerfile", "FROM scratch\nCOPY f /\n"), ("f", "in use")]);
+    let tag = cleanup.tag(format!("{}:1", unique("inuse")));
+    let id = build(&store, &ctx.archive, &spec(&tag)).await.0.unwrap().id;
+    let created = std::process::Command::new("docker").args(["create", &tag, "/never-started"]).output().unwrap();
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let container = String::from_utf8(created.stdout).unwrap().trim().to_string();
+
+    let used = store.images_in_use().await;
+    let _ = std::process::Command::new("docker").args(["rm", "--force", &container]).output();
+    let used = used.unwrap();
+    assert!(used.contains(&tag), "{used:?}");
+    assert!(used.contains(&id), "{used:?}");
+}
+
+#[tokio::test]
+async fn an_untagged_labeled_image_is_listed_without_names_and_removed_by_id() {
+    let (store, cleanup) = (store().await, Cleanup::default());
+    let ctx = context(&[("Dockerfile", "FROM scratch\nCOPY f /\n"), ("f", "rebuilt")]);
+    let tag = cleanup.tag(format!("{}:1", unique("untagged")));
+    let labels = kiln_labels("farm-a", &ctx.digest);
+    let first = build(&store, &ctx.archive, &BuildSpec { labels: labels.clone(), ..spec(&tag) }).await.0.unwrap().id;
+    // Rebuilt without the cache, the tag moves to a new image and the first one keeps no name.
+    let rebuilt = BuildSpec { labels, no_cache: true, ..spec(&tag) };
+    let second = build(&store, &ctx.archive, &rebuilt).await.0.unwrap().id;
+    assert_ne!(first, second);
+
+    let listed = store.list_labeled().await.unwrap();
+    let orphan = listed.iter().find(|image| image.id == first).expect("the untagged image is still listed");
+    assert!(orphan.refs.is_empty(), "Docker's <none>:<none> is not a name: {:?}", orphan.refs);
+    assert_eq!(store.remove_image(&first).await.unwrap(), Removal::Removed);
+    assert_eq!(store.remove_image(&first).await.unwrap(), Removal::Absent);
+    assert_eq!(store.inspect(&tag).await.unwrap().expect("the tag is untouched").id, second);
+    assert!(matches!(store.remove_image(&tag).await, Err(HostError::NotAnImageId { .. })));
+}
+
+#[tokio::test]
 async fn an_absent_daemon_is_named_in_the_error() {
     let err = DockerStore::connect("unix:///nonexistent/kiln-test.sock").await.unwrap_err();
     assert!(matches!(err, HostError::Unreachable { .. }), "{err:?}");

@@ -422,7 +422,8 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
     assert_eq!(hello.stores[0].kind(), pb::store_info::Kind::Node);
     assert_eq!(hello.stores[0].id, "containerd@node-1");
 
-    let pb::task_result::Outcome::Listing(listing) = hub.run(pb::task::Kind::List(pb::ListTask {})).await else {
+    let pb::task_result::Outcome::Listing(listing) = hub.run(pb::task::Kind::List(pb::ListTask::default())).await
+    else {
         panic!("a listing answers a list task");
     };
     let listed = listing.images.iter().find(|i| i.id == image.id).expect("the image is listed");
@@ -430,7 +431,7 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
     assert_eq!(listed.labels.get("kiln.dev/kind").map(String::as_str), Some("image"));
 
     let missing = "docker.io/kiln-test/never:1".to_string();
-    let remove = pb::RemoveTask { references: vec![image.qualified.clone(), missing.clone()] };
+    let remove = pb::RemoveTask { references: vec![image.qualified.clone(), missing.clone()], ..Default::default() };
     let pb::task_result::Outcome::Removed(removed) = hub.run(pb::task::Kind::Remove(remove)).await else {
         panic!("a removal answers a remove task");
     };

@@ -26,6 +26,16 @@ pub enum EventKind {
     Failed,
     Finished,
     Progress,
+    /// A removal a dry-run sweep would make.
+    Planned,
+    /// A removal the store's re-listing confirmed.
+    Removed,
+    /// A planned removal that did not happen; the message says why.
+    NotRemoved,
+    /// A sweep's total: `count` images, `bytes` freed.
+    Swept,
+    /// `kiln down` deleted the instance's record.
+    RecordDeleted,
     /// A kind from a newer coordinator, with its wire number.
     Unknown(i32),
 }
@@ -49,6 +59,11 @@ impl EventKind {
             EventKind::Failed => "failed",
             EventKind::Finished => "finished",
             EventKind::Progress => "progress",
+            EventKind::Planned => "planned",
+            EventKind::Removed => "removed",
+            EventKind::NotRemoved => "not_removed",
+            EventKind::Swept => "swept",
+            EventKind::RecordDeleted => "record_deleted",
             EventKind::Unknown(_) => "unknown",
         }
     }
@@ -71,6 +86,11 @@ impl EventKind {
             Ok(K::Failed) => EventKind::Failed,
             Ok(K::Finished) => EventKind::Finished,
             Ok(K::Progress) => EventKind::Progress,
+            Ok(K::Planned) => EventKind::Planned,
+            Ok(K::Removed) => EventKind::Removed,
+            Ok(K::NotRemoved) => EventKind::NotRemoved,
+            Ok(K::Swept) => EventKind::Swept,
+            Ok(K::RecordDeleted) => EventKind::RecordDeleted,
             Ok(K::Unspecified) | Err(_) => EventKind::Unknown(kind),
         }
     }
@@ -93,6 +113,11 @@ impl EventKind {
             EventKind::Failed => K::Failed,
             EventKind::Finished => K::Finished,
             EventKind::Progress => K::Progress,
+            EventKind::Planned => K::Planned,
+            EventKind::Removed => K::Removed,
+            EventKind::NotRemoved => K::NotRemoved,
+            EventKind::Swept => K::Swept,
+            EventKind::RecordDeleted => K::RecordDeleted,
             EventKind::Unknown(n) => return n,
         };
         kind as i32
@@ -157,6 +182,15 @@ pub struct Event {
     pub contexts: Vec<String>,
     /// `Finished`: how the converge ended.
     pub outcome: Outcome,
+    /// Sweep events: the store a removal is about.
+    pub store: String,
+    /// Sweep events: the image's owner (an instance, `shared`, `unowned`); `RecordDeleted`: the
+    /// instance.
+    pub instance: String,
+    /// Sweep events: the ref (or image id) removed, planned or kept.
+    pub reference: String,
+    /// `Swept`: how many images went.
+    pub count: u64,
 }
 
 impl Event {
@@ -174,6 +208,10 @@ impl Event {
             millis: 0,
             contexts: Vec::new(),
             outcome: Outcome::Unspecified,
+            store: String::new(),
+            instance: String::new(),
+            reference: String::new(),
+            count: 0,
         }
     }
 }
@@ -191,6 +229,10 @@ impl From<ConvergeEvent> for Event {
             bytes: e.bytes,
             millis: e.millis,
             contexts: e.contexts,
+            store: e.store,
+            instance: e.instance,
+            reference: e.reference,
+            count: e.count,
         }
     }
 }
@@ -208,6 +250,10 @@ impl From<&Event> for ConvergeEvent {
             millis: e.millis,
             contexts: e.contexts.clone(),
             outcome: e.outcome.to_wire(),
+            store: e.store.clone(),
+            instance: e.instance.clone(),
+            reference: e.reference.clone(),
+            count: e.count,
         }
     }
 }
@@ -218,7 +264,7 @@ mod tests {
 
     #[test]
     fn every_known_kind_survives_the_wire_and_an_unknown_one_is_kept_by_number() {
-        for n in 1..=15 {
+        for n in 1..=20 {
             let wire = ConvergeEvent { kind: n, ..Default::default() };
             let event = Event::from(wire.clone());
             assert!(!matches!(event.kind, EventKind::Unknown(_)), "kind {n} not known");

@@ -7,6 +7,8 @@
 //!   `Kiln.Up` streams the converge's [`Event`]s, [`upload`] sends each context the coordinator
 //!   asks for, [`render`] shows the events. It returns an [`UpOutcome`] (events, outcome, exit).
 //! - [`status`], [`logs`], [`images`], [`agents`] — the read commands ([`query`]).
+//! - [`gc`], [`down`], [`pin`], [`unpin`], [`pins`] — the sweep's commands ([`sweep`]): gc and
+//!   down stream their events through the same renderers as `up`.
 //! - [`embedded`] — with no coordinator URL, every command starts the real coordinator and a host
 //!   agent in-process, state in `$KILN_HOME` ([`home`]), and shuts them down after.
 //! - [`connect`] — dialing on the retry ladder; transport failures become messages naming the
@@ -33,6 +35,7 @@ pub mod plumbing;
 pub mod query;
 pub mod render;
 pub mod request;
+pub mod sweep;
 pub mod up;
 pub mod upload;
 pub mod view;
@@ -44,6 +47,7 @@ pub use error::{CliError, Exit};
 pub use event::{Event, EventKind, Outcome};
 pub use query::{agents, images, logs, logs_with, status, ListArgs, LogsArgs, StatusArgs};
 pub use render::OutputMode;
+pub use sweep::{down, gc, pin, pins, unpin, DownArgs, GcArgs, PinArgs, PinsView, SweepOutcome};
 pub use up::{up, up_with, Failure, UpArgs, UpOutcome};
 
 /// Which coordinator a command talks to.

@@ -16,7 +16,7 @@ Exit codes:
   2  usage or manifest error (kiln.toml:<line>: …); nothing was asked of the coordinator
   3  the coordinator cannot be reached, or the embedded one did not come up
 
-Without --coordinator (or KILN_COORDINATOR), up/status/logs/images/agents start an embedded
+Without --coordinator (or KILN_COORDINATOR), every command but the plumbing starts an embedded
 coordinator and host agent in this process, with their state in $KILN_HOME
 (default ~/.local/share/kiln), shared by every instance you converge.";
 
@@ -75,6 +75,43 @@ enum Command {
         /// Rebuild and redeliver every built image, whatever is recorded or held.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Take an instance down: delete its record, then sweep what nothing else needs. No prompt.
+    Down {
+        /// The instance folder whose `kiln.toml` names the instance.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Sweep now: remove every image this farm built that no record, claim, pin or container
+    /// needs. No prompt: it removes only what Kiln built and nothing a root names.
+    Gc {
+        /// Print the plan per store, with bytes per instance; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Remove only this instance's images.
+        #[arg(long, value_name = "NAME")]
+        instance: Option<String>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Keep a ref (or an image id) through every sweep until it is unpinned.
+    Pin {
+        reference: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Let a pinned ref go: the next sweep takes it if nothing else needs it.
+    Unpin {
+        reference: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// List the pinned refs.
+    Pins {
         #[command(flatten)]
         remote: Remote,
     },
@@ -176,6 +213,14 @@ fn run(command: Command) -> ExitCode {
     }
 }
 
+/// A gc's or down's exit: its converge's, with the failure on stderr.
+fn job_exit(job: &str, run: &kiln::UpOutcome) -> Result<Exit, CliError> {
+    if let Some(failure) = &run.failure {
+        eprintln!("kiln: {job} ({}) failed: {failure}", run.converge_id);
+    }
+    Ok(run.exit())
+}
+
 async fn dispatch(command: Command) -> Result<Exit, CliError> {
     match command {
         Command::Up { dir, force, remote } => {
@@ -185,6 +230,28 @@ async fn dispatch(command: Command) -> Result<Exit, CliError> {
                 eprintln!("kiln: converge {} failed: {failure}", outcome.converge_id);
             }
             Ok(outcome.exit())
+        }
+        Command::Down { dir, remote } => {
+            let args = kiln::DownArgs { dir, connect: remote.connect(), output: remote.output() };
+            let outcome = kiln::down(args).await?;
+            job_exit("down", &outcome.run)
+        }
+        Command::Gc { dry_run, instance, remote } => {
+            let args = kiln::GcArgs { dry_run, instance, connect: remote.connect(), output: remote.output() };
+            let outcome = kiln::gc(args).await?;
+            job_exit("gc", &outcome.run)
+        }
+        Command::Pin { reference, remote } => {
+            let args = kiln::PinArgs { reference, connect: remote.connect(), output: remote.output() };
+            kiln::pin(args).await.map(|_| Exit::Converged)
+        }
+        Command::Unpin { reference, remote } => {
+            let args = kiln::PinArgs { reference, connect: remote.connect(), output: remote.output() };
+            kiln::unpin(args).await.map(|_| Exit::Converged)
+        }
+        Command::Pins { remote } => {
+            let args = kiln::ListArgs { connect: remote.connect(), output: remote.output() };
+            kiln::pins(args).await.map(|_| Exit::Converged)
         }
         Command::Status { instance, remote } => {
             let args = kiln::StatusArgs { instance, connect: remote.connect(), output: remote.output() };

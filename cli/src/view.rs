@@ -278,7 +278,7 @@ pub fn age(now_ms: u64, then_ms: u64) -> String {
 }
 
 /// Rows with their columns aligned, each line starting with `indent`; trailing spaces trimmed.
-fn table(rows: impl Iterator<Item = Vec<String>>, indent: &str) -> String {
+pub(crate) fn table(rows: impl Iterator<Item = Vec<String>>, indent: &str) -> String {
     let rows: Vec<Vec<String>> = rows.collect();
     let mut widths: Vec<usize> = Vec::new();
     for row in &rows {

@@ -1,11 +1,15 @@
-//! The CLI-facing `Kiln` service: `Up` opens a converge and streams its events; `Status`, `Logs`,
-//! `Images` and `Agents` read state. A converge runs to its end even if its client goes away.
+//! The CLI-facing `Kiln` service: `Up`, `Down` and `Gc` each open a converge and stream its events
+//! (an up sweeps after it succeeds; down deletes the record, then sweeps; gc only sweeps);
+//! `Pin`/`Unpin`/`Pins` keep refs through sweeps; `Status`, `Logs`, `Images` and `Agents` read
+//! state. A converge runs to its end even if its client goes away.
 
-use crate::engine::{now_ms, Engine};
+use crate::engine::{now_ms, Engine, Failure};
 use crate::events::{to_pb, Events};
-use crate::model::{ConvergeState, EventKind};
+use crate::model::{ConvergeId, ConvergeState, EventKind};
 use crate::plan::UpPlan;
 use crate::store::StoreError;
+use crate::sweep::{sweep, SweepError, SweepOptions};
+use kiln_core::refs::ImageRef;
 use kiln_proto::v1 as pb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,57 +33,183 @@ fn store_status(err: StoreError) -> Status {
 
 type EventStream = ReceiverStream<Result<pb::ConvergeEvent, Status>>;
 
+/// The converge-log "instance" every `kiln gc` runs under. Instance names are DNS labels, so no
+/// manifest can name this one; one gc at a time follows from one running converge per instance.
+pub const GC_INSTANCE: &str = "(gc)";
+
+/// How a job run as a converge ended: the `Finished` message, or why it failed.
+type JobResult = Result<String, Failure>;
+
+/// Runs `job` as the converge `id`: its events persisted and streamed to `live`, `Started` first
+/// (its message naming the job — `gc`, `down` — or empty for an up) and `Finished` last, the
+/// converge marked succeeded or failed. The job runs to its end even if the client goes away.
+fn spawn_job<F, Fut>(engine: Arc<Engine>, id: ConvergeId, live: crate::events::Live, started: String, job: F)
+where
+    F: FnOnce(Arc<Engine>, ConvergeId, Events) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = JobResult> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
+        events.emit(EventKind::Started, None, started);
+        let result = job(engine.clone(), id.clone(), events.clone()).await;
+        let state = match result {
+            Ok(message) => {
+                events.emit(EventKind::Finished { succeeded: true }, None, message);
+                ConvergeState::Succeeded
+            }
+            Err(failure) => {
+                events.emit(EventKind::Failed, failure.image.as_deref(), failure.reason.clone());
+                events.emit(EventKind::Finished { succeeded: false }, None, failure.reason.clone());
+                ConvergeState::Failed { reason: failure.reason }
+            }
+        };
+        drop(events);
+        let _ = writer.await;
+        if let Err(err) = engine.store.finish_converge(&id, state).await {
+            tracing::warn!(converge = %id, error = %err, "converge not marked finished");
+        }
+    });
+}
+
+/// A sweep that could not be planned fails the gc or down that asked for it.
+fn sweep_failure(err: SweepError) -> Failure {
+    Failure { image: None, reason: kiln_core::error_chain(&err) }
+}
+
+/// The one spelling a pin is stored under: Docker's short form of a ref, or a full image id.
+fn pin_spelling(raw: &str) -> Result<String, Status> {
+    let raw = raw.trim();
+    if let Some(hex) = raw.strip_prefix("sha256:") {
+        if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Ok(raw.to_string());
+        }
+    }
+    match ImageRef::parse(raw) {
+        Ok(parsed) => Ok(parsed.familiar()),
+        Err(err) => Err(Status::invalid_argument(format!(
+            "{raw:?} is neither an image ref nor an image id ({}) — pin `repo:tag`, `repo@sha256:…` or `sha256:<64 hex>`",
+            kiln_core::error_chain(&err)
+        ))),
+    }
+}
+
+fn pins_reply(changed: bool, pins: Vec<crate::model::Pin>) -> pb::PinsReply {
+    let pins = pins
+        .into_iter()
+        .map(|p| pb::Pinned { reference: p.reference, pinned_at_ms: p.pinned_at_ms, pinned_by: p.pinned_by })
+        .collect();
+    pb::PinsReply { changed, pins }
+}
+
 #[tonic::async_trait]
 impl pb::kiln_server::Kiln for KilnService {
     type UpStream = EventStream;
 
     async fn up(&self, request: Request<pb::UpRequest>) -> Result<Response<EventStream>, Status> {
         let plan = UpPlan::try_from(request.into_inner())?;
-        let engine = self.engine.clone();
-        let converge = engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
+        let converge =
+            self.engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
-        let id = converge.id.clone();
-        tokio::spawn(async move {
-            let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
-            events.emit(EventKind::Started, None, "");
+        spawn_job(self.engine.clone(), converge.id, live, String::new(), move |engine, id, events| async move {
             let result = engine.up(&id, &plan, &events).await;
+            // Swept while the claims still hold: this converge's refs are roots until released,
+            // and are named as kept besides. A failed converge sweeps nothing.
+            if result.is_ok() {
+                let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
+                let options = SweepOptions { keep, ..SweepOptions::default() };
+                if let Err(err) = sweep(&engine, &id, &options, &events).await {
+                    events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
+                }
+            }
             if let Err(err) = engine.store.release_claims(&id).await {
                 tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
             }
-            let state = match result {
-                Ok(generation) => {
-                    events.emit(
-                        EventKind::Finished { succeeded: true },
-                        None,
-                        format!("{} at generation {generation}", plan.instance),
-                    );
-                    ConvergeState::Succeeded
-                }
-                Err(failure) => {
-                    events.emit(EventKind::Failed, failure.image.as_deref(), failure.reason.clone());
-                    events.emit(EventKind::Finished { succeeded: false }, None, failure.reason.clone());
-                    ConvergeState::Failed { reason: failure.reason }
-                }
-            };
-            drop(events);
-            let _ = writer.await;
-            if let Err(err) = engine.store.finish_converge(&id, state).await {
-                tracing::warn!(converge = %id, error = %err, "converge not marked finished");
-            }
+            result.map(|generation| format!("{} at generation {generation}", plan.instance))
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     type DownStream = EventStream;
 
-    async fn down(&self, _request: Request<pb::DownRequest>) -> Result<Response<EventStream>, Status> {
-        Err(Status::unimplemented("`kiln down` arrives with the sweep across hosts and nodes"))
+    async fn down(&self, request: Request<pb::DownRequest>) -> Result<Response<EventStream>, Status> {
+        let req = request.into_inner();
+        if req.instance.is_empty() {
+            return Err(Status::invalid_argument("DownRequest.instance is empty — name the instance to take down"));
+        }
+        // A converge of the instance: refused while one runs, so down never races an up of it.
+        let converge = self.engine.store.open_converge(&req.instance, &req.requested_by).await.map_err(store_status)?;
+        let (live, rx) = mpsc::channel(256);
+        let job = format!("down {}", req.instance);
+        spawn_job(self.engine.clone(), converge.id, live, job, move |engine, id, events| async move {
+            let instance = req.instance;
+            match engine.store.delete_record(&instance).await {
+                Ok(true) => events.emit(EventKind::RecordDeleted { instance: instance.clone() }, None, ""),
+                Ok(false) => events.emit(EventKind::Note, None, format!("instance {instance} has no record")),
+                Err(err) => return Err(Failure { image: None, reason: kiln_core::error_chain(&err) }),
+            }
+            // Its roots are gone; what another instance's roots name stays.
+            let options = SweepOptions { narrate: true, ..SweepOptions::default() };
+            sweep(&engine, &id, &options, &events).await.map_err(sweep_failure)?;
+            Ok(String::new())
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
     }
 
     type GcStream = EventStream;
 
-    async fn gc(&self, _request: Request<pb::GcRequest>) -> Result<Response<EventStream>, Status> {
-        Err(Status::unimplemented("`kiln gc` arrives with the sweep across hosts and nodes"))
+    async fn gc(&self, request: Request<pb::GcRequest>) -> Result<Response<EventStream>, Status> {
+        let req = request.into_inner();
+        let converge = self.engine.store.open_converge(GC_INSTANCE, &req.requested_by).await.map_err(store_status)?;
+        let (live, rx) = mpsc::channel(256);
+        let mut job = "gc".to_string();
+        if req.dry_run {
+            job.push_str(" --dry-run");
+        }
+        if !req.instance.is_empty() {
+            job.push_str(&format!(" --instance {}", req.instance));
+        }
+        spawn_job(self.engine.clone(), converge.id, live, job, move |engine, id, events| async move {
+            let options = SweepOptions {
+                dry_run: req.dry_run,
+                only_instance: Some(req.instance).filter(|i| !i.is_empty()),
+                keep: Vec::new(),
+                narrate: true,
+            };
+            let totals = sweep(&engine, &id, &options, &events).await.map_err(sweep_failure)?;
+            // Removals that failed were reported one by one and did not stop the rest, so the gc
+            // itself succeeded; the summary says what is left over.
+            let mut summary = Vec::new();
+            if req.dry_run {
+                summary.push("nothing was removed".to_string());
+            }
+            if totals.not_removed > 0 {
+                summary.push(format!("{} removal(s) failed", totals.not_removed));
+            }
+            if totals.skipped_stores > 0 {
+                summary.push(format!("{} store(s) not swept", totals.skipped_stores));
+            }
+            Ok(summary.join("; "))
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn pin(&self, request: Request<pb::PinRequest>) -> Result<Response<pb::PinsReply>, Status> {
+        let req = request.into_inner();
+        let reference = pin_spelling(&req.reference)?;
+        let store = &self.engine.store;
+        let changed = store.pin(&reference, &req.requested_by).await.map_err(store_status)?;
+        Ok(Response::new(pins_reply(changed, store.pins().await.map_err(store_status)?)))
+    }
+
+    async fn unpin(&self, request: Request<pb::PinRequest>) -> Result<Response<pb::PinsReply>, Status> {
+        let reference = pin_spelling(&request.into_inner().reference)?;
+        let store = &self.engine.store;
+        let changed = store.unpin(&reference).await.map_err(store_status)?;
+        Ok(Response::new(pins_reply(changed, store.pins().await.map_err(store_status)?)))
+    }
+
+    async fn pins(&self, _request: Request<pb::PinsRequest>) -> Result<Response<pb::PinsReply>, Status> {
+        Ok(Response::new(pins_reply(false, self.engine.store.pins().await.map_err(store_status)?)))
     }
 
     async fn status(&self, request: Request<pb::StatusRequest>) -> Result<Response<pb::StatusReply>, Status> {
@@ -178,7 +308,7 @@ impl pb::kiln_server::Kiln for KilnService {
     async fn images(&self, _request: Request<pb::ImagesRequest>) -> Result<Response<pb::ImagesReply>, Status> {
         let mut stores = Vec::new();
         for agent in self.engine.hub.connected() {
-            let outcome = agent.run("", pb::task::Kind::List(pb::ListTask {}), |_| {}).await;
+            let outcome = agent.run("", pb::task::Kind::List(pb::ListTask::default()), |_| {}).await;
             let store = agent.stores.first().map(|s| s.id.clone()).unwrap_or_else(|| agent.id.clone());
             let (images, error) = match outcome {
                 Ok(pb::task_result::Outcome::Listing(l)) => (l.images, String::new()),

@@ -270,33 +270,39 @@ impl Engine {
         }
         let mut rebuilt = 0;
         loop {
-            match self.deliver(host, id, plan, w, events).await {
-                Err(TaskFailure::Failed { kind: pb::task_error::Kind::ImageGone, message, .. })
-                    if rebuilt < GONE_RETRIES =>
-                {
-                    rebuilt += 1;
-                    events.emit(
-                        EventKind::Note,
-                        Some(&w.image.name),
-                        format!("{message} — rebuilding from the build cache (retry {rebuilt} of {GONE_RETRIES})"),
-                    );
-                    self.ensure_contexts(std::slice::from_ref(&Work { build: true, ..*w }), events).await?;
-                    self.build(host, id, plan, w, events).await?;
-                }
+            // A sweep elsewhere may take the ref between its build (or held check) and its use:
+            // the push finds it gone, or the read-back after a delivery that moves nothing does.
+            let gone = match self.deliver(host, id, plan, w, events).await {
+                Err(TaskFailure::Failed { kind: pb::task_error::Kind::ImageGone, message, .. }) => message,
                 Err(err) => return Err(Failure::of(&w.image.name, err.to_string())),
-                Ok(()) => break,
+                Ok(()) => {
+                    let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: w.image.reference.clone() });
+                    match host.run(id.as_str(), inspect, |_| {}).await {
+                        Ok(pb::task_result::Outcome::Inspected(i)) if i.present => {
+                            return Ok(i.declares_user.then_some(i.user))
+                        }
+                        Ok(pb::task_result::Outcome::Inspected(_)) => {
+                            format!("{} left host {} right after its delivery", w.image.reference, host.id)
+                        }
+                        Ok(_) => {
+                            let why = format!("host {} answered the inspect with something else", host.id);
+                            return Err(Failure::of(&w.image.name, why));
+                        }
+                        Err(err) => return Err(Failure::of(&w.image.name, err.to_string())),
+                    }
+                }
+            };
+            if rebuilt >= GONE_RETRIES {
+                return Err(Failure::of(&w.image.name, format!("{gone} — gone again after {GONE_RETRIES} rebuilds")));
             }
-        }
-        match host
-            .run(id.as_str(), pb::task::Kind::Inspect(pb::InspectTask { reference: w.image.reference.clone() }), |_| {})
-            .await
-        {
-            Ok(pb::task_result::Outcome::Inspected(i)) if i.present => Ok(i.declares_user.then_some(i.user)),
-            Ok(_) => Err(Failure::of(
-                &w.image.name,
-                format!("{} vanished from host {} right after delivery", w.image.reference, host.id),
-            )),
-            Err(err) => Err(Failure::of(&w.image.name, err.to_string())),
+            rebuilt += 1;
+            events.emit(
+                EventKind::Note,
+                Some(&w.image.name),
+                format!("{gone} — rebuilding from the build cache (retry {rebuilt} of {GONE_RETRIES})"),
+            );
+            self.ensure_contexts(std::slice::from_ref(&Work { build: true, ..*w }), events).await?;
+            self.build(host, id, plan, w, events).await?;
         }
     }
 
@@ -380,7 +386,7 @@ impl Engine {
 
 /// Lists a host store; an error is a reason, so the caller can say why it counts as empty.
 async fn list(host: &AgentConn, converge: &str) -> Result<Vec<ListedImage>, String> {
-    match host.run(converge, pb::task::Kind::List(pb::ListTask {}), |_| {}).await {
+    match host.run(converge, pb::task::Kind::List(pb::ListTask::default()), |_| {}).await {
         Ok(pb::task_result::Outcome::Listing(l)) => {
             Ok(l.images.into_iter().map(crate::convert::listed_image).collect())
         }

@@ -88,33 +88,63 @@ impl Events {
 /// A persisted event as the wire carries it.
 pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
     use pb::converge_event::Kind;
-    let (kind, bytes, millis) = match &event.kind {
-        EventKind::Started => (Kind::Started, 0, 0),
-        EventKind::Recorded => (Kind::Recorded, 0, 0),
-        EventKind::Held => (Kind::Held, 0, 0),
-        EventKind::Uploaded { bytes } => (Kind::Uploaded, *bytes, 0),
-        EventKind::Building => (Kind::Building, 0, 0),
-        EventKind::BuildLog => (Kind::BuildLog, 0, 0),
-        EventKind::Built { secs } => (Kind::Built, 0, (secs * 1000.0) as u64),
-        EventKind::Pushing => (Kind::Pushing, 0, 0),
-        EventKind::Pushed { bytes } => (Kind::Pushed, *bytes, 0),
-        EventKind::Delivered => (Kind::Delivered, 0, 0),
-        EventKind::Failed => (Kind::Failed, 0, 0),
-        EventKind::Finished { .. } => (Kind::Finished, 0, 0),
-        EventKind::Note | EventKind::Unknown => (Kind::Note, 0, 0),
-    };
-    pb::ConvergeEvent {
+    let mut wire = pb::ConvergeEvent {
         converge_id: id.to_string(),
         seq: event.seq,
         at_ms: event.at_ms,
-        kind: kind as i32,
         image: event.image.clone().unwrap_or_default(),
         message: event.message.clone(),
-        bytes,
-        millis,
-        contexts: Vec::new(),
         outcome: outcome(event) as i32,
-    }
+        ..Default::default()
+    };
+    let kind = match &event.kind {
+        EventKind::Started => Kind::Started,
+        EventKind::Recorded => Kind::Recorded,
+        EventKind::Held => Kind::Held,
+        EventKind::Uploaded { bytes } => {
+            wire.bytes = *bytes;
+            Kind::Uploaded
+        }
+        EventKind::Building => Kind::Building,
+        EventKind::BuildLog => Kind::BuildLog,
+        EventKind::Built { secs } => {
+            wire.millis = (secs * 1000.0) as u64;
+            Kind::Built
+        }
+        EventKind::Pushing => Kind::Pushing,
+        EventKind::Pushed { bytes } => {
+            wire.bytes = *bytes;
+            Kind::Pushed
+        }
+        EventKind::Delivered => Kind::Delivered,
+        EventKind::Failed => Kind::Failed,
+        EventKind::Finished { .. } => Kind::Finished,
+        EventKind::Planned { store, instance, reference, bytes }
+        | EventKind::Removed { store, instance, reference, bytes } => {
+            (wire.store, wire.instance, wire.reference, wire.bytes) =
+                (store.clone(), instance.clone(), reference.clone(), *bytes);
+            if matches!(event.kind, EventKind::Planned { .. }) {
+                Kind::Planned
+            } else {
+                Kind::Removed
+            }
+        }
+        EventKind::NotRemoved { store, reference } => {
+            (wire.store, wire.reference) = (store.clone(), reference.clone());
+            Kind::NotRemoved
+        }
+        EventKind::Swept { images, bytes } => {
+            (wire.count, wire.bytes) = (*images, *bytes);
+            Kind::Swept
+        }
+        EventKind::RecordDeleted { instance } => {
+            wire.instance = instance.clone();
+            Kind::RecordDeleted
+        }
+        EventKind::Note | EventKind::Unknown => Kind::Note,
+    };
+    wire.kind = kind as i32;
+    wire
 }
 
 fn outcome(event: &Event) -> pb::Outcome {

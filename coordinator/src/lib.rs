@@ -11,6 +11,8 @@
 //! - `engine` — the converge, step by step (DESIGN.md "The converge"); `plan` converts the request.
 //! - `hub` — agents' `Connect` streams and the tasks sent over them; `contexts` — the content store.
 //! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
+//! - `sweep` — reachability garbage collection: list the stores, gather the roots, plan with
+//!   `kiln_core::sweep::plan`, remove through the agents, confirm by listing again.
 
 pub mod model;
 pub mod store;
@@ -23,5 +25,6 @@ mod events;
 mod hub;
 mod plan;
 mod server;
+mod sweep;
 
 pub use server::{serve, Config, ServeError};

@@ -184,6 +184,35 @@ pub enum EventKind {
         succeeded: bool,
     },
     Note,
+    /// A removal a dry-run sweep would make. `instance` is the image's owner: an instance,
+    /// `shared` or `unowned`; `bytes` what it would free (0 when other refs keep the image).
+    Planned {
+        store: String,
+        instance: String,
+        reference: String,
+        bytes: u64,
+    },
+    /// A removal the store's re-listing confirmed; `bytes` freed as confirmed, not as planned.
+    Removed {
+        store: String,
+        instance: String,
+        reference: String,
+        bytes: u64,
+    },
+    /// A planned removal that did not happen; the message says why.
+    NotRemoved {
+        store: String,
+        reference: String,
+    },
+    /// A sweep's total, as the stores' re-listings confirmed it.
+    Swept {
+        images: u64,
+        bytes: u64,
+    },
+    /// `kiln down` deleted the instance's record.
+    RecordDeleted {
+        instance: String,
+    },
     /// A kind written by a newer kiln.
     #[serde(other)]
     Unknown,
@@ -206,6 +235,16 @@ pub struct Claim {
     pub converge: ConvergeId,
     pub reference: String,
     pub expires_ms: u64,
+}
+
+/// A ref every sweep keeps until it is unpinned (`kiln pin`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pin {
+    /// Docker's short form of a ref (`x:1`, `reg:5000/a/b@sha256:…`), or an image id `sha256:<hex>`.
+    pub reference: String,
+    pub pinned_at_ms: u64,
+    /// Who asked, as the client said (`user@host`).
+    pub pinned_by: String,
 }
 
 /// What an agent does.

@@ -479,3 +479,26 @@ async fn agents_and_inventories_are_replaced_by_their_key() {
     let inventory = store.inventory("docker:build-1").await.unwrap().unwrap();
     assert_eq!((inventory.listing_json.as_str(), inventory.listed_at_ms), (r#"[{"ref":"x:1"}]"#, T0 + 9));
 }
+
+#[tokio::test]
+async fn pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned() {
+    let (_dir, path) = temp_db();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = open_at(&path, &clock);
+    assert!(store.pin("tool:1", "ana@box").await.unwrap(), "a new pin is a change");
+    clock.advance(5);
+    assert!(!store.pin("tool:1", "bo@box").await.unwrap(), "pinning twice is pinning once");
+    assert!(store.pin("base:2", "bo@box").await.unwrap());
+    // `kiln down` of any instance leaves pins alone: they belong to no instance.
+    store.delete_record("shop").await.unwrap();
+    drop(store);
+
+    let store = open_at(&path, &clock);
+    let pins = store.pins().await.unwrap();
+    let listed: Vec<(&str, u64, &str)> =
+        pins.iter().map(|p| (p.reference.as_str(), p.pinned_at_ms, p.pinned_by.as_str())).collect();
+    assert_eq!(listed, vec![("base:2", T0 + 5, "bo@box"), ("tool:1", T0, "ana@box")], "the first pin's author stays");
+    assert!(store.unpin("tool:1").await.unwrap());
+    assert!(!store.unpin("tool:1").await.unwrap(), "unpinning what is not pinned changes nothing");
+    assert_eq!(store.pins().await.unwrap().len(), 1);
+}

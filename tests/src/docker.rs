@@ -58,6 +58,41 @@ pub fn plant_other_farm(reference: &str, farm: &str) -> String {
     image_id(reference).unwrap()
 }
 
+/// Plants an image wearing every ref in `references`, built `FROM scratch` from one file holding
+/// `content` (so different contents are different images) and carrying `labels`: what a sweep test
+/// needs to make garbage of this farm, another farm's images, or look-alikes.
+pub fn plant_labeled(references: &[&str], labels: &[(&str, &str)], content: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f"), content).unwrap();
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    let mut dockerfile = "FROM scratch\nCOPY f /f\n".to_string();
+    if !labels.is_empty() {
+        dockerfile.push_str(&format!("LABEL {}\n", labels.join(" ")));
+    }
+    std::fs::write(dir.path().join("Dockerfile"), dockerfile).unwrap();
+    let mut command = Command::new("docker");
+    command.env("DOCKER_BUILDKIT", "0").args(["build", "-q"]);
+    for reference in references {
+        command.args(["-t", reference]);
+    }
+    let out = command.arg(dir.path()).output().unwrap();
+    assert!(out.status.success(), "docker build failed: {}", String::from_utf8_lossy(&out.stderr));
+    image_id(references[0]).unwrap()
+}
+
+/// Creates (does not start) a container from `reference`, returning its id; the image is then in
+/// use by a stopped container.
+pub fn create_container(reference: &str) -> String {
+    let (ok, out) = docker(&["create", reference, "/nothing-to-run"]);
+    assert!(ok, "docker create {reference} failed: {out}");
+    out
+}
+
+/// Removes a container (test clean-up).
+pub fn remove_container(id: &str) {
+    let _ = docker(&["rm", "--force", id]);
+}
+
 /// The base image test Dockerfiles may `RUN` in: `kiln-test/busybox:1`, a `docker import` of a
 /// rootfs holding the static busybox and its applet links. Made once per daemon.
 pub const BUSYBOX: &str = "kiln-test/busybox:1";

@@ -15,10 +15,11 @@ pub mod wire;
 use async_trait::async_trait;
 use kiln_agent::host::{BuildSpec, Built, DockerStore, HostError, HostStore, ImageInfo, PushProgress, Pushed, Removal};
 use kiln_core::sweep::ListedImage;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
 pub use registry::Registry;
@@ -32,6 +33,23 @@ pub struct Counting {
     /// Pushes still to sabotage: each untags its image first, as a sweep elsewhere might between
     /// a build and its delivery.
     pub sweep_before_push: AtomicUsize,
+    /// Builds still to sabotage: each untags its image right after Docker built it, as a sweep
+    /// elsewhere might before the converge reads it back.
+    pub sweep_after_build: AtomicUsize,
+    /// Refs whose removal fails, as a daemon refusing one untag would.
+    pub refuse_removal_of: Mutex<HashSet<String>>,
+    /// Holds every finished build until the test lets it go; see [`BuildPause`].
+    pub pause: BuildPause,
+}
+
+/// A window between a build and the rest of its converge, held open by the test: with it armed,
+/// each build, once Docker has the tag, signals `built` and waits for `gate` before the agent
+/// answers. A test holds the gate's lock, runs whatever must race the converge, then drops it.
+#[derive(Debug, Default)]
+pub struct BuildPause {
+    pub armed: AtomicBool,
+    pub built: Notify,
+    pub gate: tokio::sync::Mutex<()>,
 }
 
 #[async_trait]
@@ -43,7 +61,16 @@ impl HostStore for Counting {
         log: mpsc::Sender<String>,
     ) -> Result<Built, HostError> {
         self.builds.fetch_add(1, Ordering::SeqCst);
-        self.inner.build(context_archive, spec, log).await
+        let built = self.inner.build(context_archive, spec, log).await;
+        let sabotage = self.sweep_after_build.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if built.is_ok() && sabotage.is_ok() {
+            self.inner.remove_tag(&spec.tag).await?;
+        }
+        if self.pause.armed.load(Ordering::SeqCst) {
+            self.pause.built.notify_one();
+            let _open = self.pause.gate.lock().await;
+        }
+        built
     }
     async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError> {
         self.inner.list_labeled().await
@@ -60,7 +87,24 @@ impl HostStore for Counting {
         self.inner.push(reference, progress).await
     }
     async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError> {
+        if self.refuse_removal_of.lock().unwrap().contains(reference) {
+            return Err(HostError::Refused {
+                host: self.inner.host().to_string(),
+                op: "untag",
+                object: reference.to_string(),
+                source: bollard::errors::Error::DockerResponseServerError {
+                    status_code: 409,
+                    message: format!("conflict: the test refuses to untag {reference}"),
+                },
+            });
+        }
         self.inner.remove_tag(reference).await
+    }
+    async fn remove_image(&self, id: &str) -> Result<Removal, HostError> {
+        self.inner.remove_image(id).await
+    }
+    async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
+        self.inner.images_in_use().await
     }
     async fn ping(&self) -> Result<(), HostError> {
         self.inner.ping().await
@@ -90,6 +134,9 @@ impl Farm {
             builds: AtomicUsize::new(0),
             pushes: AtomicUsize::new(0),
             sweep_before_push: AtomicUsize::new(0),
+            sweep_after_build: AtomicUsize::new(0),
+            refuse_removal_of: Mutex::new(HashSet::new()),
+            pause: BuildPause::default(),
         });
         let mut farm = Farm {
             home: home.to_path_buf(),

@@ -117,3 +117,52 @@ pub async fn up(url: &str, dir: &std::path::Path, force: bool) -> Vec<pb::Conver
 pub fn images_with(events: &[pb::ConvergeEvent], kind: pb::converge_event::Kind) -> Vec<String> {
     events.iter().filter(|e| e.kind() == kind).map(|e| e.image.clone()).collect()
 }
+
+/// Reads a job's events (gc, down) to its end.
+async fn collect(
+    response: Result<tonic::Response<tonic::Streaming<pb::ConvergeEvent>>, tonic::Status>,
+) -> Vec<pb::ConvergeEvent> {
+    let mut stream = response.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream.message().await.unwrap() {
+        events.push(event);
+    }
+    events
+}
+
+/// Runs `Gc` and returns every event.
+pub async fn gc(url: &str, dry_run: bool, instance: Option<&str>) -> Vec<pb::ConvergeEvent> {
+    let mut client = pb::kiln_client::KilnClient::new(channel(url));
+    let request =
+        pb::GcRequest { dry_run, instance: instance.unwrap_or_default().to_string(), requested_by: "e2e".to_string() };
+    collect(client.gc(request).await).await
+}
+
+/// Runs `Down` for `instance` and returns every event.
+pub async fn down(url: &str, instance: &str) -> Vec<pb::ConvergeEvent> {
+    let mut client = pb::kiln_client::KilnClient::new(channel(url));
+    let request = pb::DownRequest { instance: instance.to_string(), requested_by: "e2e".to_string() };
+    collect(client.down(request).await).await
+}
+
+/// Pins (`pin = true`) or unpins `reference`; the reply lists every pin after the call.
+pub async fn pin(url: &str, reference: &str, pin: bool) -> pb::PinsReply {
+    let mut client = pb::kiln_client::KilnClient::new(channel(url));
+    let request = pb::PinRequest { reference: reference.to_string(), requested_by: "e2e".to_string() };
+    let reply = if pin { client.pin(request).await } else { client.unpin(request).await };
+    reply.unwrap().into_inner()
+}
+
+/// The refs of a sweep's events of one kind (`Planned`, `Removed`, `NotRemoved`), sorted.
+pub fn swept_refs(events: &[pb::ConvergeEvent], kind: pb::converge_event::Kind) -> Vec<String> {
+    let mut refs: Vec<String> = events.iter().filter(|e| e.kind() == kind).map(|e| e.reference.clone()).collect();
+    refs.sort();
+    refs
+}
+
+/// True when the job's last event is a succeeded `Finished`.
+pub fn succeeded(events: &[pb::ConvergeEvent]) -> bool {
+    events
+        .last()
+        .is_some_and(|e| e.kind() == pb::converge_event::Kind::Finished && e.outcome() == pb::Outcome::Succeeded)
+}

@@ -12,7 +12,8 @@ use super::{BuildSpec, Built, HostError, HostStore, ImageInfo, PushProgress, Pus
 use async_trait::async_trait;
 use bollard::errors::Error as DockerError;
 use bollard::query_parameters::{
-    BuildImageOptionsBuilder, BuilderVersion, ListImagesOptionsBuilder, RemoveImageOptionsBuilder,
+    BuildImageOptionsBuilder, BuilderVersion, ListContainersOptionsBuilder, ListImagesOptionsBuilder,
+    RemoveImageOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -157,8 +158,8 @@ impl HostStore for DockerStore {
             .into_iter()
             .map(|image| ListedImage {
                 id: image.id,
-                refs: image.repo_tags,
-                digests: image.repo_digests,
+                refs: real_names(image.repo_tags),
+                digests: real_names(image.repo_digests),
                 labels: image.labels.into_iter().collect(),
                 bytes: u64::try_from(image.size).unwrap_or(0),
             })
@@ -206,9 +207,47 @@ impl HostStore for DockerStore {
         }
     }
 
+    async fn remove_image(&self, id: &str) -> Result<Removal, HostError> {
+        // Only a full id: a short prefix or a name could match some other image.
+        if !is_image_id(id) {
+            return Err(HostError::NotAnImageId { id: id.to_string() });
+        }
+        let options = RemoveImageOptionsBuilder::default().force(false).noprune(false).build();
+        match self.docker.remove_image(id, Some(options), None).await {
+            Ok(_) => Ok(Removal::Removed),
+            Err(err) if is_not_found(&err) => Ok(Removal::Absent),
+            Err(err) => Err(self.daemon_error("remove image", id, err)),
+        }
+    }
+
+    async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
+        let options = ListContainersOptionsBuilder::default().all(true).build();
+        let containers = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|err| self.daemon_error("list containers", "all", err))?;
+        let mut used: Vec<String> =
+            containers.into_iter().flat_map(|c| [c.image, c.image_id]).flatten().filter(|s| !s.is_empty()).collect();
+        used.sort();
+        used.dedup();
+        Ok(used)
+    }
+
     async fn ping(&self) -> Result<(), HostError> {
         self.docker.ping().await.map(|_| ()).map_err(|err| self.daemon_error("ping", "/_ping", err))
     }
+}
+
+/// Docker's API (before 1.43) names an untagged image `<none>:<none>` and an undigested one
+/// `<none>@<none>`; those are placeholders, not refs anyone could remove or keep.
+fn real_names(names: Vec<String>) -> Vec<String> {
+    names.into_iter().filter(|name| !name.starts_with("<none>")).collect()
+}
+
+/// `sha256:` and 64 lowercase hex digits.
+fn is_image_id(id: &str) -> bool {
+    id.strip_prefix("sha256:").is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// Splits `repo:tag` into the name Docker's push wants and the tag. Refuses a ref without an
@@ -242,5 +281,15 @@ mod tests {
         assert_eq!(split("app"), None);
         assert_eq!(split(&format!("app:1@sha256:{}", "a".repeat(64))), None);
         assert_eq!(split("Not A Ref"), None);
+    }
+
+    #[test]
+    fn placeholders_are_not_names_and_only_full_ids_are_ids() {
+        let names = vec!["<none>:<none>".to_string(), "app:1".to_string(), "<none>@<none>".to_string()];
+        assert_eq!(real_names(names), vec!["app:1".to_string()]);
+        assert!(is_image_id(&format!("sha256:{}", "ab".repeat(32))));
+        assert!(!is_image_id("sha256:abab"));
+        assert!(!is_image_id("app:1"));
+        assert!(!is_image_id(&"ab".repeat(32)));
     }
 }

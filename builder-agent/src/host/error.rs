@@ -47,6 +47,8 @@ pub enum HostError {
         #[source]
         source: Option<RefError>,
     },
+    #[error("{id} is not a full image id — whole-image removals take `sha256:` and 64 hex digits")]
+    NotAnImageId { id: String },
     #[error("cannot read the context archive {archive}")]
     ContextUnreadable {
         archive: PathBuf,

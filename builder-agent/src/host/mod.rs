@@ -124,6 +124,15 @@ pub trait HostStore: Send + Sync {
     /// Untags `reference` without force; the image itself goes only when this was its last tag.
     async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError>;
 
+    /// Removes the image `id` (`sha256:…`) if present, without force, so an image a container
+    /// uses is refused rather than taken from under it. For images that wear no tag at all.
+    async fn remove_image(&self, id: &str) -> Result<Removal, HostError>;
+
+    /// The images the daemon's containers use, running or stopped: for each container, its image
+    /// as the container names it (a ref, or an id once the tag moved on) and its image id. A sweep
+    /// keeps every one of them (DESIGN.md "Reachability", root 3).
+    async fn images_in_use(&self) -> Result<Vec<String>, HostError>;
+
     async fn ping(&self) -> Result<(), HostError>;
 
     /// The image wearing exactly `tag`, if it was built by `farm` (DESIGN.md "The converge", step

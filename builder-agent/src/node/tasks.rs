@@ -7,8 +7,8 @@
 //! store now holds, not what the calls returned.
 
 use super::{NodeStore, Removal, RemovalMode};
-use kiln_core::error_chain as chain;
 use crate::tasks::{answer, listing, TaskResult};
+use kiln_core::error_chain as chain;
 use kiln_proto::v1 as pb;
 use pb::task_error::Kind as ErrorKind;
 use pb::task_result::Outcome;

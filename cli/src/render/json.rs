@@ -1,8 +1,9 @@
 //! `--json`: one object per event, one per line, for scripts (`kiln up --json | jq …`).
 //!
 //! The fields are the event's own (converge_id, seq, at_ms, kind as a lowercase word, image,
-//! message, bytes, millis); `contexts` appears only when it lists something and `outcome` only on
-//! `finished`, so a consumer can test for presence instead of for empty values.
+//! message, bytes, millis); `contexts` appears only when it lists something, `outcome` only on
+//! `finished`, the sweep's `store`, `instance` and `reference` only when set and `count` only on
+//! `swept`, so a consumer can test for presence instead of for empty values.
 
 use std::io::{self, Write};
 
@@ -40,6 +41,14 @@ struct Line<'a> {
     contexts: &'a [String],
     #[serde(skip_serializing_if = "Option::is_none")]
     outcome: Option<Outcome>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    store: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    instance: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    reference: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count: Option<u64>,
 }
 
 /// The JSON line for `event`, without its newline.
@@ -55,6 +64,10 @@ pub fn line(event: &Event) -> String {
         millis: event.millis,
         contexts: &event.contexts,
         outcome: (event.kind == EventKind::Finished).then_some(event.outcome),
+        store: &event.store,
+        instance: &event.instance,
+        reference: &event.reference,
+        count: (event.kind == EventKind::Swept).then_some(event.count),
     };
     // Serializing plain strings and numbers cannot fail.
     serde_json::to_string(&line).unwrap_or_default()
@@ -104,6 +117,26 @@ mod tests {
         assert_eq!(
             lines[12],
             r#"{"converge_id":"c-17","seq":13,"at_ms":1700000001200,"kind":"finished","image":"","message":"","bytes":0,"millis":5000,"outcome":"succeeded"}"#
+        );
+    }
+
+    #[test]
+    fn sweep_events_carry_their_store_owner_ref_and_count() {
+        let removed = Event {
+            store: "docker@h".into(),
+            instance: "shop".into(),
+            reference: "shop-api:old".into(),
+            bytes: 7,
+            ..Event::new(EventKind::Removed, "", "")
+        };
+        assert_eq!(
+            line(&removed),
+            r#"{"converge_id":"","seq":0,"at_ms":0,"kind":"removed","image":"","message":"","bytes":7,"millis":0,"store":"docker@h","instance":"shop","reference":"shop-api:old"}"#
+        );
+        let swept = Event { bytes: 7, ..Event::new(EventKind::Swept, "", "") };
+        assert_eq!(
+            line(&swept),
+            r#"{"converge_id":"","seq":0,"at_ms":0,"kind":"swept","image":"","message":"","bytes":7,"millis":0,"count":0}"#
         );
     }
 

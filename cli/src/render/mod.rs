@@ -124,12 +124,50 @@ pub fn status_text(event: &Event, names: &ContextNames) -> Option<String> {
             (Outcome::Failed, _) => format!("converge failed: {}", event.message),
             (other, _) => paren(&format!("converge finished {}", other.word())),
         },
+        EventKind::Planned => {
+            let frees = match event.bytes {
+                0 => "untag only".to_string(),
+                bytes => human_bytes(bytes),
+            };
+            format!("would remove {} from {} ({}, {frees})", event.reference, event.store, event.instance)
+        }
+        EventKind::Removed => match event.bytes {
+            0 => format!("removed {} from {}", event.reference, event.store),
+            bytes => format!("removed {} from {} ({})", event.reference, event.store, human_bytes(bytes)),
+        },
+        EventKind::NotRemoved => format!("kept {} on {}: {}", event.reference, event.store, event.message),
+        EventKind::Swept => format!("swept {} image(s) ({})", event.count, human_bytes(event.bytes)),
+        EventKind::RecordDeleted => format!("deleted the record of {}", event.instance),
         EventKind::Unknown(n) => match event.message.is_empty() {
             true => format!("(event of kind {n})"),
             false => event.message.clone(),
         },
     };
     Some(text)
+}
+
+/// How a job that is not an up (`gc`, `down <instance>`, named by its `Started` message) ended;
+/// an up's `Finished` says "converged", which would be the wrong word for them.
+pub fn job_finished_text(event: &Event, job: &str) -> String {
+    match (event.outcome, event.message.is_empty()) {
+        (Outcome::Succeeded, true) => format!("{job}: done"),
+        (Outcome::Succeeded, false) => format!("{job}: done ({})", event.message),
+        (_, true) => format!("{job} failed"),
+        (_, false) => format!("{job} failed: {}", event.message),
+    }
+}
+
+/// The line for `event`, given the job its converge's `Started` named (`None` for an up).
+pub fn line_text(event: &Event, names: &ContextNames, job: Option<&str>) -> Option<String> {
+    match (event.kind, job) {
+        (EventKind::Finished, Some(job)) => Some(job_finished_text(event, job)),
+        _ => status_text(event, names),
+    }
+}
+
+/// The job a `Started` event names, if it is not an up.
+pub fn job_of(event: &Event) -> Option<String> {
+    (event.kind == EventKind::Started && !event.message.is_empty()).then(|| event.message.clone())
 }
 
 /// `web      <text>`: the image column padded to 8 so a converge's lines align; converge-wide

@@ -2,7 +2,7 @@
 
 use std::io::{self, Write};
 
-use super::{context_names, status_text, with_image, ContextNames, Render, Tails};
+use super::{context_names, job_of, line_text, with_image, ContextNames, Render, Tails};
 use crate::event::{Event, EventKind};
 use crate::request::UpPlan;
 
@@ -12,11 +12,13 @@ pub struct Plain<W> {
     out: W,
     names: ContextNames,
     tails: Tails,
+    /// The job (`gc`, `down x`) the converge's `Started` named; `None` for an up.
+    job: Option<String>,
 }
 
 impl<W: Write + Send> Plain<W> {
     pub fn new(out: W) -> Plain<W> {
-        Plain { out, names: ContextNames::new(), tails: Tails::default() }
+        Plain { out, names: ContextNames::new(), tails: Tails::default(), job: None }
     }
 
     pub fn into_inner(self) -> W {
@@ -33,7 +35,10 @@ impl<W: Write + Send> Render for Plain<W> {
         if event.kind == EventKind::BuildLog {
             self.tails.push(&event.image, &event.message);
         }
-        if let Some(text) = status_text(event, &self.names) {
+        if let Some(job) = job_of(event) {
+            self.job = Some(job);
+        }
+        if let Some(text) = line_text(event, &self.names, self.job.as_deref()) {
             writeln!(self.out, "{}", with_image(&event.image, &text))?;
         }
         // The log lines already went by, but interleaved with every other image's; the failing
@@ -109,6 +114,55 @@ swept 4 image(s) (2.1 GB)
 converged in 5.0 s
 ";
         assert_eq!(render(&hello_converge(), names), golden);
+    }
+
+    #[test]
+    fn a_gc_reads_as_removals_a_total_and_done() {
+        let removed = |reference: &str, bytes| Event {
+            store: "docker@h".into(),
+            instance: "shop".into(),
+            reference: reference.into(),
+            bytes,
+            ..ev(EventKind::Removed, "", "")
+        };
+        let events = vec![
+            ev(EventKind::Started, "", "gc"),
+            removed("shop-api:old1", 1_200_000),
+            removed("shop-api:alias", 0),
+            Event {
+                store: "docker@h".into(),
+                reference: "shop-web:old".into(),
+                ..ev(EventKind::NotRemoved, "", "conflict: in use")
+            },
+            Event { count: 1, bytes: 1_200_000, ..ev(EventKind::Swept, "", "") },
+            Event { outcome: Outcome::Succeeded, ..ev(EventKind::Finished, "", "1 removal(s) failed") },
+        ];
+        let golden = "\
+converge c-17 started: gc
+removed shop-api:old1 from docker@h (1.2 MB)
+removed shop-api:alias from docker@h
+kept shop-web:old on docker@h: conflict: in use
+swept 1 image(s) (1.2 MB)
+gc: done (1 removal(s) failed)
+";
+        assert_eq!(render(&events, ContextNames::new()), golden);
+    }
+
+    #[test]
+    fn a_dry_run_names_each_removal_with_its_owner_and_bytes() {
+        let planned = Event {
+            store: "docker@h".into(),
+            instance: "shared".into(),
+            reference: "base:abc".into(),
+            bytes: 2_100_000_000,
+            ..ev(EventKind::Planned, "", "")
+        };
+        let untag = Event { bytes: 0, reference: "base:alias".into(), ..planned.clone() };
+        let out = render(&[planned, untag], ContextNames::new());
+        assert_eq!(
+            out,
+            "would remove base:abc from docker@h (shared, 2.1 GB)\nwould remove base:alias from docker@h (shared, untag only)\n"
+        );
     }
 
     #[test]

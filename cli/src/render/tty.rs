@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{context_names, human_bytes, status_text, ContextNames, Render, Tails};
+use super::{context_names, human_bytes, job_of, line_text, status_text, ContextNames, Render, Tails};
 use crate::event::{Event, EventKind};
 use crate::request::UpPlan;
 
@@ -33,6 +33,8 @@ pub struct Tty {
     bars: HashMap<String, ProgressBar>,
     names: ContextNames,
     tails: Tails,
+    /// The job (`gc`, `down x`) the converge's `Started` named; `None` for an up.
+    job: Option<String>,
     running: ProgressStyle,
     done: ProgressStyle,
 }
@@ -60,6 +62,7 @@ impl Tty {
             bars: HashMap::new(),
             names: ContextNames::new(),
             tails: Tails::default(),
+            job: None,
             running,
             done,
         }
@@ -103,6 +106,9 @@ impl Render for Tty {
         if event.kind == EventKind::BuildLog {
             self.tails.push(&event.image, &event.message);
         }
+        if let Some(job) = job_of(event) {
+            self.job = Some(job);
+        }
         match bar_text(event, &self.names) {
             Some(text) => match event.kind {
                 EventKind::Recorded | EventKind::Delivered => self.settle(&event.image, text),
@@ -115,7 +121,7 @@ impl Render for Tty {
                 _ => self.bar(&event.image).set_message(text),
             },
             None => {
-                if let Some(text) = status_text(event, &self.names) {
+                if let Some(text) = line_text(event, &self.names, self.job.as_deref()) {
                     self.multi.println(text)?;
                 }
                 if event.kind == EventKind::NeedContexts {

@@ -1,5 +1,5 @@
 //! The coordinator's state behind one trait: agents, records by generation, converges and their
-//! events, claims, the context index and store inventories (DESIGN.md "Where state lives").
+//! events, claims, pins, the context index and store inventories (DESIGN.md "Where state lives").
 //! [`SqliteStore`] is the embedded default; a PostgreSQL backend will implement the same [`Store`],
 //! so the trait speaks only in [`crate::model`] types and the SQL stays plain.
 //!
@@ -15,8 +15,8 @@ mod sqlite;
 use async_trait::async_trait;
 
 use crate::model::{
-    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Record,
-    RecordedImage,
+    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Pin,
+    Record, RecordedImage,
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -87,6 +87,14 @@ pub trait Store: Send + Sync + 'static {
     async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StoreError>;
     /// Claims with `expires_ms > now_ms`; expired ones are dropped on the way.
     async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError>;
+
+    // --- pins
+    /// Pins `reference` (already in its one stored spelling); false when it was pinned before.
+    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StoreError>;
+    /// Drops the pin; false when `reference` was not pinned.
+    async fn unpin(&self, reference: &str) -> Result<bool, StoreError>;
+    /// Every pin, by reference.
+    async fn pins(&self) -> Result<Vec<Pin>, StoreError>;
 
     // --- the context index
     /// The digests of `digests` not in the index, in the order given, each once.

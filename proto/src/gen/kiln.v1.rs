@@ -159,6 +159,8 @@ pub struct UpRequest {
     #[prost(string, tag = "6")]
     pub requested_by: ::prost::alloc::string::String,
 }
+/// `kiln down`: delete the instance's record, then sweep. Its events are a converge of that instance.
+/// (Down and Gc were declared in the first release of kiln.v1 and answered UNIMPLEMENTED there.)
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct DownRequest {
@@ -168,14 +170,57 @@ pub struct DownRequest {
     #[prost(string, tag = "2")]
     pub requested_by: ::prost::alloc::string::String,
 }
+/// `kiln gc`: the sweep off-cycle. Its events are a converge of the reserved instance `(gc)`.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct GcRequest {
+    /// Plan and report (`KIND_PLANNED` events); remove nothing.
     #[prost(bool, tag = "1")]
     pub dry_run: bool,
-    /// NextId: 3
+    /// Non-empty: remove only images labeled with this instance.
     #[prost(string, tag = "2")]
     pub instance: ::prost::alloc::string::String,
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub requested_by: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PinRequest {
+    /// A ref (`repo:tag`, `repo@sha256:…`) or an image id (`sha256:<64 hex>`).
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(string, tag = "2")]
+    pub requested_by: ::prost::alloc::string::String,
+}
+/// NextId: 1
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct PinsRequest {}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Pinned {
+    /// As stored: a ref in Docker's short form, or an image id.
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "2")]
+    pub pinned_at_ms: u64,
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub pinned_by: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct PinsReply {
+    /// Pin: false when the ref was already pinned; Unpin: false when it was not pinned.
+    #[prost(bool, tag = "1")]
+    pub changed: bool,
+    /// Every pin after the call, by reference.
+    ///
+    /// NextId: 3
+    #[prost(message, repeated, tag = "2")]
+    pub pins: ::prost::alloc::vec::Vec<Pinned>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -199,9 +244,18 @@ pub struct ConvergeEvent {
     pub millis: u64,
     #[prost(string, repeated, tag = "9")]
     pub contexts: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
-    /// NextId: 11
     #[prost(enumeration = "Outcome", tag = "10")]
     pub outcome: i32,
+    /// The sweep's events (see their kinds); empty otherwise.
+    #[prost(string, tag = "11")]
+    pub store: ::prost::alloc::string::String,
+    #[prost(string, tag = "12")]
+    pub instance: ::prost::alloc::string::String,
+    #[prost(string, tag = "13")]
+    pub reference: ::prost::alloc::string::String,
+    /// NextId: 15
+    #[prost(uint64, tag = "14")]
+    pub count: u64,
 }
 /// Nested message and enum types in `ConvergeEvent`.
 pub mod converge_event {
@@ -239,6 +293,19 @@ pub mod converge_event {
         /// Last event of a converge; `outcome` says how it ended.
         Finished = 14,
         Progress = 15,
+        /// The sweep's events (kinds 16-20 were added with the sweep; an older CLI shows them as notes).
+        /// A removal a dry run would make: `store`, `instance` (the image's owner: an instance, `shared`
+        /// or `unowned`), `reference` (a ref, or an image id for a whole-image removal), and `bytes` it
+        /// would free (0 when other refs keep the image).
+        Planned = 16,
+        /// A removal the store's re-listing confirmed; the fields as for PLANNED, `bytes` confirmed freed.
+        Removed = 17,
+        /// A planned removal that did not happen: `store`, `reference`, and why in `message`.
+        NotRemoved = 18,
+        /// The sweep's total: `count` images and `bytes` freed, both as the re-listing confirmed them.
+        Swept = 19,
+        /// `kiln down` deleted the record of `instance`.
+        RecordDeleted = 20,
     }
     impl Kind {
         /// String value of the enum field names used in the ProtoBuf definition.
@@ -263,6 +330,11 @@ pub mod converge_event {
                 Self::Failed => "KIND_FAILED",
                 Self::Finished => "KIND_FINISHED",
                 Self::Progress => "KIND_PROGRESS",
+                Self::Planned => "KIND_PLANNED",
+                Self::Removed => "KIND_REMOVED",
+                Self::NotRemoved => "KIND_NOT_REMOVED",
+                Self::Swept => "KIND_SWEPT",
+                Self::RecordDeleted => "KIND_RECORD_DELETED",
             }
         }
         /// Creates an enum from field names used in the ProtoBuf definition.
@@ -284,6 +356,11 @@ pub mod converge_event {
                 "KIND_FAILED" => Some(Self::Failed),
                 "KIND_FINISHED" => Some(Self::Finished),
                 "KIND_PROGRESS" => Some(Self::Progress),
+                "KIND_PLANNED" => Some(Self::Planned),
+                "KIND_REMOVED" => Some(Self::Removed),
+                "KIND_NOT_REMOVED" => Some(Self::NotRemoved),
+                "KIND_SWEPT" => Some(Self::Swept),
+                "KIND_RECORD_DELETED" => Some(Self::RecordDeleted),
                 _ => None,
             }
         }
@@ -695,10 +772,19 @@ pub struct PushTask {
     #[prost(string, tag = "1")]
     pub reference: ::prost::alloc::string::String,
 }
-/// NextId: 1
 #[allow(clippy::all)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct ListTask {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ListTask {
+    /// Also report the images the store's workloads use (`Listing.in_use`): a sweep needs them as
+    /// roots; a converge's "held" check does not.
+    #[prost(bool, tag = "1")]
+    pub workloads: bool,
+    /// The store to list, as `Hello.stores` named it; empty: the agent's host store.
+    ///
+    /// NextId: 3
+    #[prost(string, tag = "2")]
+    pub store: ::prost::alloc::string::String,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct InspectTask {
@@ -706,12 +792,22 @@ pub struct InspectTask {
     #[prost(string, tag = "1")]
     pub reference: ::prost::alloc::string::String,
 }
+/// Delete-if-present removals, each tried whatever happened to the others.
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RemoveTask {
-    /// NextId: 2
+    /// Refs to untag, exactly as the store listed them.
     #[prost(string, repeated, tag = "1")]
     pub references: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// The store, as `Hello.stores` named it; empty: the agent's host store.
+    #[prost(string, tag = "2")]
+    pub store: ::prost::alloc::string::String,
+    /// Whole images to remove by id (`sha256:…`): an image that wears no ref, or, on a node reached
+    /// only through CRI, an image every ref of which is garbage.
+    ///
+    /// NextId: 4
+    #[prost(string, repeated, tag = "3")]
+    pub image_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -832,9 +928,21 @@ pub struct Pushed {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Listing {
-    /// NextId: 2
     #[prost(message, repeated, tag = "1")]
     pub images: ::prost::alloc::vec::Vec<ListedImage>,
+    /// With `ListTask.workloads`: every image the store's containers use, running or stopped, as the
+    /// container names it (a ref, or an image id `sha256:…`) and by image id.
+    #[prost(string, repeated, tag = "2")]
+    pub in_use: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// True when `in_use` was listed. An agent that predates the field leaves it false, and the
+    /// coordinator then does not sweep that store: it cannot see what runs there.
+    #[prost(bool, tag = "3")]
+    pub workloads_listed: bool,
+    /// The store removes whole image ids only (a node reached through CRI alone, which cannot untag).
+    ///
+    /// NextId: 5
+    #[prost(bool, tag = "4")]
+    pub removes_whole_ids: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -857,15 +965,28 @@ pub struct Inspected {
     pub declares_user: bool,
 }
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Removed {
     #[prost(string, repeated, tag = "1")]
     pub removed: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
     #[prost(string, repeated, tag = "2")]
     pub absent: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
-    /// NextId: 4
+    /// `<ref>: <why>` per failure, for people; `failures` carries the same for programs.
     #[prost(string, repeated, tag = "3")]
     pub failed: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// NextId: 5
+    #[prost(message, repeated, tag = "4")]
+    pub failures: ::prost::alloc::vec::Vec<RemovalFailure>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RemovalFailure {
+    /// The ref or image id, as the task named it.
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(string, tag = "2")]
+    pub reason: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
@@ -1155,6 +1276,62 @@ pub mod kiln_client {
             req.extensions_mut().insert(GrpcMethod::new("kiln.v1.Kiln", "Agents"));
             self.inner.unary(req, path, codec).await
         }
+        /// Pins keep a ref through every sweep until unpinned (DESIGN.md "Reachability", root 5). Added
+        /// after the first release of kiln.v1: an older coordinator answers UNIMPLEMENTED.
+        pub async fn pin(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PinRequest>,
+        ) -> std::result::Result<tonic::Response<super::PinsReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/kiln.v1.Kiln/Pin");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("kiln.v1.Kiln", "Pin"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn unpin(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PinRequest>,
+        ) -> std::result::Result<tonic::Response<super::PinsReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/kiln.v1.Kiln/Unpin");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("kiln.v1.Kiln", "Unpin"));
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn pins(
+            &mut self,
+            request: impl tonic::IntoRequest<super::PinsRequest>,
+        ) -> std::result::Result<tonic::Response<super::PinsReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/kiln.v1.Kiln/Pins");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("kiln.v1.Kiln", "Pins"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1222,6 +1399,20 @@ pub mod kiln_server {
             &self,
             request: tonic::Request<super::AgentsRequest>,
         ) -> std::result::Result<tonic::Response<super::AgentsReply>, tonic::Status>;
+        /// Pins keep a ref through every sweep until unpinned (DESIGN.md "Reachability", root 5). Added
+        /// after the first release of kiln.v1: an older coordinator answers UNIMPLEMENTED.
+        async fn pin(
+            &self,
+            request: tonic::Request<super::PinRequest>,
+        ) -> std::result::Result<tonic::Response<super::PinsReply>, tonic::Status>;
+        async fn unpin(
+            &self,
+            request: tonic::Request<super::PinRequest>,
+        ) -> std::result::Result<tonic::Response<super::PinsReply>, tonic::Status>;
+        async fn pins(
+            &self,
+            request: tonic::Request<super::PinsRequest>,
+        ) -> std::result::Result<tonic::Response<super::PinsReply>, tonic::Status>;
     }
     /// ---
     ///
@@ -1597,6 +1788,135 @@ pub mod kiln_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = AgentsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.Kiln/Pin" => {
+                    #[allow(non_camel_case_types)]
+                    struct PinSvc<T: Kiln>(pub Arc<T>);
+                    impl<T: Kiln> tonic::server::UnaryService<super::PinRequest>
+                    for PinSvc<T> {
+                        type Response = super::PinsReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PinRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Kiln>::pin(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PinSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.Kiln/Unpin" => {
+                    #[allow(non_camel_case_types)]
+                    struct UnpinSvc<T: Kiln>(pub Arc<T>);
+                    impl<T: Kiln> tonic::server::UnaryService<super::PinRequest>
+                    for UnpinSvc<T> {
+                        type Response = super::PinsReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PinRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Kiln>::unpin(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = UnpinSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.Kiln/Pins" => {
+                    #[allow(non_camel_case_types)]
+                    struct PinsSvc<T: Kiln>(pub Arc<T>);
+                    impl<T: Kiln> tonic::server::UnaryService<super::PinsRequest>
+                    for PinsSvc<T> {
+                        type Response = super::PinsReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::PinsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Kiln>::pins(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PinsSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

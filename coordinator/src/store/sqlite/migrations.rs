@@ -13,7 +13,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::store::StoreError;
 
 /// Versions in order, starting at 1, never edited once released: a change is a new entry.
-const MIGRATIONS: &[(u32, &str)] = &[(1, V1)];
+const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2)];
 
 /// The newest schema version this code knows.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -84,6 +84,16 @@ CREATE TABLE inventories (
     store     TEXT PRIMARY KEY,
     listing   TEXT NOT NULL,
     listed_ms INTEGER NOT NULL
+);
+"#;
+
+// Pins (`kiln pin <ref>`): refs every sweep keeps until they are unpinned. Stored in one spelling
+// (Docker's short form, or an image id), so unpinning `docker.io/library/x` finds the pin `x`.
+const V2: &str = r#"
+CREATE TABLE pins (
+    reference    TEXT PRIMARY KEY,
+    pinned_at_ms INTEGER NOT NULL,
+    pinned_by    TEXT NOT NULL
 );
 "#;
 

@@ -10,6 +10,7 @@ mod catalog;
 mod claims;
 mod converges;
 mod migrations;
+mod pins;
 mod records;
 
 use std::fmt;
@@ -21,8 +22,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, ErrorCode};
 
 use crate::model::{
-    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Record,
-    RecordedImage,
+    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Pin,
+    Record, RecordedImage,
 };
 use crate::store::{Clock, Store, StoreError, SystemClock};
 
@@ -263,6 +264,20 @@ impl Store for SqliteStore {
 
     async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
         self.run("listing live claims".into(), move |c, _| claims::live(c, now_ms)).await
+    }
+
+    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StoreError> {
+        let (reference, by) = (reference.to_owned(), pinned_by.to_owned());
+        self.run(format!("pinning {reference}"), move |c, now| pins::pin(c, now, &reference, &by)).await
+    }
+
+    async fn unpin(&self, reference: &str) -> Result<bool, StoreError> {
+        let reference = reference.to_owned();
+        self.run(format!("unpinning {reference}"), move |c, _| pins::unpin(c, &reference)).await
+    }
+
+    async fn pins(&self) -> Result<Vec<Pin>, StoreError> {
+        self.run("listing pins".into(), |c, _| pins::all(c)).await
     }
 
     async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError> {

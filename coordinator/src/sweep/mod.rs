@@ -1,0 +1,313 @@
+//! The sweep (DESIGN.md "Reachability", "The converge" step 8): list every store the connected
+//! agents hold, gather the roots, plan with `core`'s pure planner, have each store's agent remove
+//! what the plan says (delete-if-present, failures reported and skipped), and list again to confirm
+//! what went and how many bytes came back.
+//!
+//! Order matters for the claim to work. Stores are listed *before* the roots are read: a converge
+//! claims its refs before it builds, so an image in a listing either predates the roots read (its
+//! claim, if any, is in the roots) or was built after it (and is not in the listing, so it cannot
+//! be planned away). Reading the roots first would leave a window in which a converge claims and
+//! builds a ref after the read but before the listing, and the sweep would take it.
+//!
+//! Stores are whatever the agents announced in their hello: today host stores (Docker); node
+//! stores (containerd) are listed and swept through the same tasks, addressed by store id, and the
+//! planner gives them the grace generation and CRI's whole-id rule.
+
+mod report;
+mod roots;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kiln_core::sweep::{
+    plan, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, StoreId, StoreKind, StoreListing, StorePlan,
+};
+use kiln_proto::v1 as pb;
+use tokio::task::JoinSet;
+
+use crate::engine::{now_ms, Engine};
+use crate::events::Events;
+use crate::hub::AgentConn;
+use crate::model::{ConvergeId, EventKind};
+use crate::store::StoreError;
+use report::{confirm, owner, restrict, target_text, Confirmed};
+
+/// What a sweep is asked to do besides the default (remove, report only the total).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SweepOptions {
+    /// Plan and report every removal it would make; remove nothing.
+    pub dry_run: bool,
+    /// Remove only images labeled with this instance (`kiln gc --instance`).
+    pub only_instance: Option<String>,
+    /// Refs kept besides the stored roots: the converge that sweeps keeps its own refs even if
+    /// its claims were already gone.
+    pub keep: Vec<String>,
+    /// Report each removal (gc, down) and a total even when nothing went. A converge's sweep
+    /// reports its total only when it freed something, and failures always.
+    pub narrate: bool,
+}
+
+/// What a sweep did, as the re-listings confirmed it (or, for a dry run, what it would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SweepTotals {
+    pub images: u64,
+    pub bytes: u64,
+    /// Planned removals that did not happen.
+    pub not_removed: usize,
+    /// Stores that could not be swept (listing failed, or their containers could not be seen).
+    pub skipped_stores: usize,
+}
+
+/// Why no sweep could be planned at all.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SweepError {
+    /// Without every root a plan could take a ref something still needs, so nothing is removed.
+    #[error("cannot read the sweep's roots ({what}), so nothing was removed")]
+    Roots {
+        what: &'static str,
+        #[source]
+        err: StoreError,
+    },
+}
+
+/// One store and the agent that holds it.
+#[derive(Debug, Clone)]
+struct Held {
+    agent: Arc<AgentConn>,
+    store: StoreId,
+    kind: StoreKind,
+}
+
+/// A store's listing as its agent answered it.
+#[derive(Debug)]
+struct Read {
+    images: Vec<ListedImage>,
+    in_use: Vec<String>,
+    workloads_listed: bool,
+    removes_whole_ids: bool,
+}
+
+/// Runs one sweep for the converge (or gc, or down) `converge`, narrating through `events`.
+pub(crate) async fn sweep(
+    engine: &Engine,
+    converge: &ConvergeId,
+    options: &SweepOptions,
+    events: &Events,
+) -> Result<SweepTotals, SweepError> {
+    let mut totals = SweepTotals::default();
+    let held = held_stores(&engine.hub.connected());
+    let reads = list_all(&held, converge, true).await;
+
+    // Roots only now: see the module's note on order.
+    let roots_err = |what| move |err| SweepError::Roots { what, err };
+    let records = engine.store.records().await.map_err(roots_err("records"))?;
+    let claims = engine.store.live_claims(now_ms()).await.map_err(roots_err("claims"))?;
+    let pins = engine.store.pins().await.map_err(roots_err("pins"))?;
+
+    let mut listings = Vec::new();
+    let mut workloads = BTreeMap::new();
+    let mut by_store: HashMap<StoreId, Held> = HashMap::new();
+    for (store, read) in held.into_iter().zip(reads) {
+        let read = match read {
+            Ok(read) if read.workloads_listed => read,
+            Ok(_) => {
+                totals.skipped_stores += 1;
+                let why = "its agent does not report the images its containers use (upgrade the agent)";
+                events.emit(EventKind::Note, None, format!("store {} not swept: {why}", store.store));
+                continue;
+            }
+            Err(why) => {
+                totals.skipped_stores += 1;
+                events.emit(
+                    EventKind::Note,
+                    None,
+                    format!("store {} not swept: listing it failed: {why}", store.store),
+                );
+                continue;
+            }
+        };
+        workloads.insert(store.store.clone(), read.in_use);
+        listings.push(StoreListing {
+            store: store.store.clone(),
+            kind: store.kind,
+            // `docker rmi <tag>` untags; only a CRI-only node store removes whole ids.
+            removal: if read.removes_whole_ids { RemovalMode::PerId } else { RemovalMode::PerRef },
+            runs_workloads: false,
+            images: read.images,
+        });
+        by_store.insert(store.store.clone(), store);
+    }
+    let gathered = roots::gather(&records, &claims, &pins, &options.keep, workloads);
+    for listing in &mut listings {
+        listing.runs_workloads = listing.kind == StoreKind::Host && gathered.hosts_run_workloads;
+    }
+
+    let mut plan = plan(&listings, &gathered.roots, &Policy { farm: engine.config.farm.clone() });
+    if let Some(instance) = &options.only_instance {
+        restrict(&mut plan, instance);
+    }
+    let owners: HashMap<String, String> =
+        listings.iter().flat_map(|l| l.images.iter()).map(|image| (image.id.clone(), owner(image))).collect();
+    report_kept_whole(&plan, events);
+
+    if options.dry_run {
+        planned(&plan, &owners, events, &mut totals);
+        return Ok(totals);
+    }
+
+    let mut running = JoinSet::new();
+    for (index, store_plan) in plan.stores.iter().enumerate().filter(|(_, p)| !p.removals.is_empty()) {
+        let Some(store) = by_store.get(&store_plan.store).cloned() else { continue };
+        let (store_plan, owners, converge) = (store_plan.clone(), owners.clone(), converge.clone());
+        running.spawn(async move { (index, execute(&store, &converge, &store_plan, &owners).await) });
+    }
+    let mut outcomes: Vec<(usize, Result<Confirmed, String>)> = running.join_all().await;
+    // Stores ran in parallel; their reports are told in store order, so a replay reads the same.
+    outcomes.sort_by_key(|(index, _)| *index);
+    for (index, outcome) in outcomes {
+        let store = &plan.stores[index].store;
+        let confirmed = match outcome {
+            Ok(confirmed) => confirmed,
+            Err(why) => {
+                totals.skipped_stores += 1;
+                events.emit(EventKind::Note, None, format!("store {store}: removals unconfirmed: {why}"));
+                continue;
+            }
+        };
+        for done in &confirmed.done {
+            tracing::info!(%store, reference = %done.target, owner = %done.owner, bytes = done.bytes, "swept");
+            if options.narrate {
+                let kind = EventKind::Removed {
+                    store: store.to_string(),
+                    instance: done.owner.clone(),
+                    reference: done.target.clone(),
+                    bytes: done.bytes,
+                };
+                events.emit(kind, None, "");
+            }
+        }
+        for not in &confirmed.not_done {
+            tracing::warn!(%store, reference = %not.target, why = %not.why, "not swept");
+            let kind = EventKind::NotRemoved { store: store.to_string(), reference: not.target.clone() };
+            events.emit(kind, None, not.why.clone());
+        }
+        totals.images += confirmed.images;
+        totals.bytes += confirmed.bytes;
+        totals.not_removed += confirmed.not_done.len();
+    }
+    if options.narrate || totals.images > 0 {
+        events.emit(EventKind::Swept { images: totals.images, bytes: totals.bytes }, None, "");
+    }
+    Ok(totals)
+}
+
+/// Every store the agents announced, in agent then store order.
+fn held_stores(agents: &[Arc<AgentConn>]) -> Vec<Held> {
+    let mut held = Vec::new();
+    for agent in agents {
+        for info in &agent.stores {
+            let kind = match info.kind() {
+                pb::store_info::Kind::Node => StoreKind::Node,
+                // An agent that does not say is an older host agent: its one store is its daemon.
+                pb::store_info::Kind::Host | pb::store_info::Kind::Unspecified => StoreKind::Host,
+            };
+            held.push(Held { agent: agent.clone(), store: StoreId(info.id.clone()), kind });
+        }
+    }
+    held
+}
+
+/// Lists every store in parallel; the answers come back in `held`'s order.
+async fn list_all(held: &[Held], converge: &ConvergeId, workloads: bool) -> Vec<Result<Read, String>> {
+    let mut listing = JoinSet::new();
+    for (index, store) in held.iter().cloned().enumerate() {
+        let converge = converge.clone();
+        listing.spawn(async move { (index, list(&store, &converge, workloads).await) });
+    }
+    let mut reads = listing.join_all().await;
+    reads.sort_by_key(|(index, _)| *index);
+    reads.into_iter().map(|(_, read)| read).collect()
+}
+
+async fn list(store: &Held, converge: &ConvergeId, workloads: bool) -> Result<Read, String> {
+    let task = pb::ListTask { workloads, store: store.store.0.clone() };
+    match store.agent.run(converge.as_str(), pb::task::Kind::List(task), |_| {}).await {
+        Ok(pb::task_result::Outcome::Listing(l)) => Ok(Read {
+            images: l.images.into_iter().map(crate::convert::listed_image).collect(),
+            in_use: l.in_use,
+            workloads_listed: l.workloads_listed,
+            removes_whole_ids: l.removes_whole_ids,
+        }),
+        Ok(_) => Err(format!("agent {} answered the listing with something else", store.agent.id)),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// Sends one store's removals, then lists it again and judges them against what is left.
+async fn execute(
+    store: &Held,
+    converge: &ConvergeId,
+    store_plan: &StorePlan,
+    owners: &HashMap<String, String>,
+) -> Result<Confirmed, String> {
+    let mut task = pb::RemoveTask { store: store.store.0.clone(), ..Default::default() };
+    for removal in &store_plan.removals {
+        match &removal.target {
+            RemovalTarget::Ref(reference) => task.references.push(reference.clone()),
+            RemovalTarget::Id(id) => task.image_ids.push(id.clone()),
+        }
+    }
+    let mut failures: HashMap<String, String> = HashMap::new();
+    match store.agent.run(converge.as_str(), pb::task::Kind::Remove(task), |_| {}).await {
+        Ok(pb::task_result::Outcome::Removed(removed)) => {
+            failures.extend(removed.failures.into_iter().map(|f| (f.reference, f.reason)));
+        }
+        // The task may have run in part; the re-listing below says what went.
+        Ok(_) => {
+            let why = format!("agent {} answered the removal with something else", store.agent.id);
+            failures.extend(store_plan.removals.iter().map(|r| (target_text(&r.target).to_string(), why.clone())));
+        }
+        Err(err) => {
+            let why = err.to_string();
+            failures.extend(store_plan.removals.iter().map(|r| (target_text(&r.target).to_string(), why.clone())));
+        }
+    }
+    let after = list(store, converge, false).await.map_err(|why| format!("listing it again failed: {why}"))?;
+    Ok(confirm(store_plan, owners, &after.images, &failures))
+}
+
+/// A dry run's report: every removal it would make, and what it would free.
+fn planned(plan: &Plan, owners: &HashMap<String, String>, events: &Events, totals: &mut SweepTotals) {
+    for store_plan in &plan.stores {
+        for removal in &store_plan.removals {
+            let kind = EventKind::Planned {
+                store: store_plan.store.to_string(),
+                instance: owners.get(&removal.id).cloned().unwrap_or_default(),
+                reference: target_text(&removal.target).to_string(),
+                bytes: removal.bytes,
+            };
+            events.emit(kind, None, "");
+            totals.images += u64::from(removal.frees);
+        }
+        totals.bytes += store_plan.freed_bytes;
+    }
+}
+
+/// CRI cannot untag: an id with both kept and garbage refs stays whole, and the user hears why.
+fn report_kept_whole(plan: &Plan, events: &Events) {
+    for store_plan in &plan.stores {
+        for kept in &store_plan.kept_whole {
+            events.emit(
+                EventKind::Note,
+                None,
+                format!(
+                    "store {}: image {} kept whole — {} is still needed and this store cannot untag {}",
+                    store_plan.store,
+                    kept.id,
+                    kept.kept_by,
+                    kept.garbage_refs.join(", ")
+                ),
+            );
+        }
+    }
+}

@@ -159,7 +159,7 @@ impl HostStore for DockerStore {
             .map(|image| ListedImage {
                 id: image.id,
                 refs: real_names(image.repo_tags),
-                digests: real_names(image.repo_digests),
+                digests: bare_digests(real_names(image.repo_digests)),
                 labels: image.labels.into_iter().collect(),
                 bytes: u64::try_from(image.size).unwrap_or(0),
             })
@@ -245,6 +245,18 @@ fn real_names(names: Vec<String>) -> Vec<String> {
     names.into_iter().filter(|name| !name.starts_with("<none>")).collect()
 }
 
+/// `repo@sha256:…` → `sha256:…`, deduplicated: the planner matches a root's digest against the
+/// digest alone (`ListedImage::digests`), whichever repository the image was pushed to.
+fn bare_digests(repo_digests: Vec<String>) -> Vec<String> {
+    let mut digests: Vec<String> = repo_digests
+        .into_iter()
+        .map(|d| d.rsplit_once('@').map_or(d.clone(), |(_, digest)| digest.to_string()))
+        .collect();
+    digests.sort();
+    digests.dedup();
+    digests
+}
+
 /// `sha256:` and 64 lowercase hex digits.
 fn is_image_id(id: &str) -> bool {
     id.strip_prefix("sha256:").is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
@@ -266,6 +278,14 @@ fn split_tagged(reference: &str) -> Result<(String, String), HostError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn repo_digests_become_bare_digests_the_planner_can_match() {
+        let d = format!("sha256:{}", "a".repeat(64));
+        let got = super::bare_digests(vec![format!("127.0.0.1:5000/x@{d}"), format!("reg.example/y@{d}")]);
+        assert_eq!(got, vec![d]);
+    }
+
     use super::*;
 
     #[test]

@@ -57,6 +57,8 @@ pub struct PlanImage {
 pub struct UpPlan {
     pub instance: String,
     pub target: Target,
+    /// The Kubernetes namespace of the instance's `kiln-images` ConfigMap, when its manifest names one.
+    pub namespace: Option<String>,
     pub platforms: Vec<String>,
     pub images: Vec<PlanImage>,
     pub force: bool,
@@ -80,6 +82,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                 req.instance
             ))
         })?;
+        let namespace = Some(target.namespace.clone()).filter(|ns| !ns.is_empty());
         let target = match target.kind() {
             pb::target::Kind::Registry if !target.registry.is_empty() => Target::Registry { registry: target.registry },
             pb::target::Kind::Registry => return Err(missing("target.registry")),
@@ -131,6 +134,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
         Ok(UpPlan {
             instance: req.instance,
             target,
+            namespace,
             platforms: req.platforms,
             images,
             force: req.force,

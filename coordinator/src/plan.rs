@@ -142,3 +142,27 @@ impl TryFrom<pb::UpRequest> for UpPlan {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(namespace: &str) -> pb::UpRequest {
+        pb::UpRequest {
+            instance: "shop".into(),
+            target: Some(pb::Target {
+                kind: pb::target::Kind::Local as i32,
+                namespace: namespace.into(),
+                ..Default::default()
+            }),
+            platforms: vec!["linux/amd64".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_manifest_namespace_reaches_the_plan_and_an_empty_one_is_none() {
+        assert_eq!(UpPlan::try_from(request("shop")).unwrap().namespace.as_deref(), Some("shop"));
+        assert_eq!(UpPlan::try_from(request("")).unwrap().namespace, None);
+    }
+}

@@ -58,6 +58,10 @@ enum Scenario {
     ShopPods,
     /// `kiln down shop`: find its ConfigMap by label, delete it.
     DownDeletesConfigMap,
+    /// A whole served coordinator: `kiln up` of `shop` publishes, reports and sweeps with the
+    /// cluster's roots; `kiln down shop` deletes the ConfigMap and sweeps again; a `kiln gc` that
+    /// cannot list namespaces fails.
+    UpDownGc,
 }
 
 fn fixture(name: &str) -> String {
@@ -117,6 +121,21 @@ impl Scenario {
                 ),
             ],
             Scenario::ShopPods => vec![pods("shop", "pods-shop.json")],
+            Scenario::UpDownGc => {
+                let mut all = Scenario::ConfigMapApplied.exchanges();
+                all.push(pods("shop", "pods-shop.json"));
+                let roots = || {
+                    let mut roots = Scenario::RootsOfTwoNamespaces.exchanges();
+                    // This coordinator configures no custom resources.
+                    roots.retain(|e| !e.path.contains("/sandboxes"));
+                    roots
+                };
+                all.extend(roots());
+                all.extend(Scenario::DownDeletesConfigMap.exchanges());
+                all.extend(roots());
+                all.extend(Scenario::NamespacesForbidden.exchanges());
+                all
+            }
             Scenario::DownDeletesConfigMap => vec![
                 Exchange::get("/api/v1/configmaps", &fixture("configmaps-of-shop.json"))
                     .with("labelSelector", "kiln.dev/instance=shop")
@@ -385,4 +404,75 @@ fn digest_only_containers_are_not_reported() {
     .unwrap();
     let images = vec![("api".to_string(), "shop-api:4a77b1".to_string())];
     assert!(stale_notes(&[pod], &images).is_empty());
+}
+
+/// Reads a converge's events to its end.
+async fn converge_events(
+    stream: tonic::Streaming<kiln_proto::v1::ConvergeEvent>,
+) -> Vec<kiln_proto::v1::ConvergeEvent> {
+    use tokio_stream::StreamExt;
+    stream.map(|event| event.expect("the event stream holds")).collect().await
+}
+
+/// Fake API server (none can run here), real coordinator: a served coordinator configured with
+/// the fake cluster publishes `kiln-images` after recording `shop`, reports the pods on its older
+/// ref, sweeps with the cluster's roots; `kiln down` deletes the ConfigMap; and a gc whose
+/// namespace list is forbidden fails rather than sweeping on guessed roots.
+#[tokio::test]
+async fn a_served_converge_publishes_reports_and_down_unpublishes() {
+    use kiln_proto::v1 as pb;
+
+    let (client, server) = fake_cluster();
+    let served = server.run(Scenario::UpDownGc);
+    let state = tempfile::tempdir().unwrap();
+    let mut config = kiln_coordinator::Config::new(state.path(), "farm-k8s");
+    config.kubernetes = Some(KubeConfig::new(client));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let coordinator = tokio::spawn(kiln_coordinator::serve(listener, config, async {
+        let _ = stopped.await;
+    }));
+    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
+    let mut kiln = pb::kiln_client::KilnClient::new(channel);
+
+    let up = pb::UpRequest {
+        instance: "shop".into(),
+        target: Some(pb::Target {
+            kind: pb::target::Kind::Local as i32,
+            namespace: "shop".into(),
+            ..Default::default()
+        }),
+        platforms: vec!["linux/amd64".into()],
+        images: vec![pb::ImageSpec {
+            name: "api".into(),
+            kind: pb::image_spec::Kind::Brought as i32,
+            reference: "shop-api:4a77b1".into(),
+            ..Default::default()
+        }],
+        requested_by: "test".into(),
+        ..Default::default()
+    };
+    let events = converge_events(kiln.up(up).await.unwrap().into_inner()).await;
+    let notes: Vec<&str> =
+        events.iter().filter(|e| e.kind() == pb::converge_event::Kind::Note).map(|e| e.message.as_str()).collect();
+    assert!(notes.contains(&"ConfigMap kiln-images in namespace shop names 1 image(s)"), "{notes:?}");
+    assert!(notes.contains(&"2 running workloads keep shop-api:9c1e02; new ones use :4a77b1"), "{notes:?}");
+    assert_eq!(events.last().unwrap().outcome(), pb::Outcome::Succeeded, "{events:?}");
+
+    let down = pb::DownRequest { instance: "shop".into(), requested_by: "test".into() };
+    let events = converge_events(kiln.down(down).await.unwrap().into_inner()).await;
+    assert!(events.iter().any(|e| e.message == "deleted ConfigMap kiln-images in namespace shop"), "{events:?}");
+    assert_eq!(events.last().unwrap().outcome(), pb::Outcome::Succeeded, "{events:?}");
+
+    let gc = pb::GcRequest { requested_by: "test".into(), ..Default::default() };
+    let events = converge_events(kiln.gc(gc).await.unwrap().into_inner()).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.outcome(), pb::Outcome::Failed, "{events:?}");
+    assert!(last.message.contains("Kubernetes roots"), "{}", last.message);
+
+    let bodies = served.await.unwrap();
+    assert_eq!(bodies[1].1["data"], json!({ "api": "shop-api:4a77b1" }));
+    stop.send(()).unwrap();
+    coordinator.await.unwrap().unwrap();
 }

@@ -42,6 +42,30 @@ pub struct CustomResource {
     pub plural: String,
 }
 
+/// `--custom-resource group/version/Kind/plural` names a type whose objects' `spec.image` is a root.
+#[derive(Debug, thiserror::Error)]
+#[error("custom resource {given:?} is not group/version/Kind/plural — e.g. sandbox.example.dev/v1/Sandbox/sandboxes")]
+pub struct CustomResourceSyntax {
+    given: String,
+}
+
+impl std::str::FromStr for CustomResource {
+    type Err = CustomResourceSyntax;
+
+    fn from_str(given: &str) -> Result<CustomResource, CustomResourceSyntax> {
+        let parts: Vec<&str> = given.split('/').collect();
+        match parts.as_slice() {
+            [group, version, kind, plural] if parts.iter().all(|part| !part.is_empty()) => Ok(CustomResource {
+                group: group.to_string(),
+                version: version.to_string(),
+                kind: kind.to_string(),
+                plural: plural.to_string(),
+            }),
+            _ => Err(CustomResourceSyntax { given: given.to_string() }),
+        }
+    }
+}
+
 /// How the coordinator reaches a cluster, when it does.
 #[derive(Clone)]
 pub struct KubeConfig {
@@ -175,4 +199,27 @@ pub async fn delete_images(client: &Client, instance: &str) -> Result<Vec<String
         }
     }
     Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_custom_resource_is_group_version_kind_plural() {
+        let parsed: CustomResource = "sandbox.kiln.dev/v1/Sandbox/sandboxes".parse().unwrap();
+        assert_eq!(
+            parsed,
+            CustomResource {
+                group: "sandbox.kiln.dev".into(),
+                version: "v1".into(),
+                kind: "Sandbox".into(),
+                plural: "sandboxes".into(),
+            }
+        );
+        for bad in ["sandbox.kiln.dev/v1/Sandbox", "a/b/c/d/e", "a//c/d"] {
+            let err = bad.parse::<CustomResource>().unwrap_err();
+            assert!(err.to_string().contains(bad), "{err}");
+        }
+    }
 }

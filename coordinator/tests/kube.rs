@@ -476,3 +476,16 @@ async fn a_served_converge_publishes_reports_and_down_unpublishes() {
     stop.send(()).unwrap();
     coordinator.await.unwrap().unwrap();
 }
+
+/// Against a real cluster (the ambient kubeconfig; none runs on these machines): publish an
+/// instance into a scratch namespace, find its refs among the roots, and unpublish it.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_real_cluster_round_trip() {
+    let client = Client::try_default().await.expect("a kubeconfig or service account");
+    let images = vec![("api".to_string(), "kiln-roundtrip-api:0001".to_string())];
+    write_images(&client, "kiln-roundtrip", "kiln-roundtrip", &images).await.unwrap();
+    let roots = gather_roots(&KubeConfig::new(client.clone())).await.unwrap();
+    assert!(roots.contains(&"kiln-roundtrip-api:0001".to_string()), "{roots:?}");
+    assert_eq!(delete_images(&client, "kiln-roundtrip").await.unwrap(), vec!["kiln-roundtrip".to_string()]);
+}

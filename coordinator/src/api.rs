@@ -111,7 +111,10 @@ impl pb::kiln_server::Kiln for KilnService {
             self.engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
         spawn_job(self.engine.clone(), converge.id, live, String::new(), move |engine, id, events| async move {
-            let result = engine.up(&id, &plan, &events).await;
+            let mut result = engine.up(&id, &plan, &events).await;
+            if let Ok(generation) = result {
+                result = crate::kube::published(&engine.config, &plan, generation, &events).await.map(|()| generation);
+            }
             // Swept while the claims still hold: this converge's refs are roots until released,
             // and are named as kept besides. A failed converge sweeps nothing.
             if result.is_ok() {
@@ -147,6 +150,7 @@ impl pb::kiln_server::Kiln for KilnService {
                 Ok(false) => events.emit(EventKind::Note, None, format!("instance {instance} has no record")),
                 Err(err) => return Err(Failure { image: None, reason: kiln_core::error_chain(&err) }),
             }
+            crate::kube::unpublished(&engine.config, &instance, &events).await?;
             // Its roots are gone; what another instance's roots name stays.
             let options = SweepOptions { narrate: true, ..SweepOptions::default() };
             sweep(&engine, &id, &options, &events).await.map_err(sweep_failure)?;

@@ -13,7 +13,10 @@
 //! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
 //! - `sweep` — reachability garbage collection: list the stores, gather the roots, plan with
 //!   `kiln_core::sweep::plan`, remove through the agents, confirm by listing again.
+//! - [`kube`] — the cluster, when one is configured: the `kiln-images` ConfigMap, Kubernetes roots,
+//!   and the report of workloads on older refs.
 
+pub mod kube;
 pub mod model;
 pub mod store;
 

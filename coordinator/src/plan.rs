@@ -57,6 +57,8 @@ pub struct PlanImage {
 pub struct UpPlan {
     pub instance: String,
     pub target: Target,
+    /// The Kubernetes namespace of the instance's `kiln-images` ConfigMap, when its manifest names one.
+    pub namespace: Option<String>,
     pub platforms: Vec<String>,
     pub images: Vec<PlanImage>,
     pub force: bool,
@@ -80,6 +82,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                 req.instance
             ))
         })?;
+        let namespace = Some(target.namespace.clone()).filter(|ns| !ns.is_empty());
         let target = match target.kind() {
             pb::target::Kind::Registry if !target.registry.is_empty() => Target::Registry { registry: target.registry },
             pb::target::Kind::Registry => return Err(missing("target.registry")),
@@ -131,10 +134,35 @@ impl TryFrom<pb::UpRequest> for UpPlan {
         Ok(UpPlan {
             instance: req.instance,
             target,
+            namespace,
             platforms: req.platforms,
             images,
             force: req.force,
             requested_by: req.requested_by,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(namespace: &str) -> pb::UpRequest {
+        pb::UpRequest {
+            instance: "shop".into(),
+            target: Some(pb::Target {
+                kind: pb::target::Kind::Local as i32,
+                namespace: namespace.into(),
+                ..Default::default()
+            }),
+            platforms: vec!["linux/amd64".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_manifest_namespace_reaches_the_plan_and_an_empty_one_is_none() {
+        assert_eq!(UpPlan::try_from(request("shop")).unwrap().namespace.as_deref(), Some("shop"));
+        assert_eq!(UpPlan::try_from(request("")).unwrap().namespace, None);
     }
 }

@@ -24,6 +24,8 @@ pub struct Config {
     pub claim_lease: Duration,
     /// How long an agent may stay silent before its tasks are failed.
     pub agent_lease: Duration,
+    /// The cluster whose namespaces get `kiln-images` and whose objects are roots; none in embedded mode.
+    pub kubernetes: Option<crate::kube::KubeConfig>,
 }
 
 impl Config {
@@ -33,6 +35,7 @@ impl Config {
             farm: farm.into(),
             claim_lease: Duration::from_secs(600),
             agent_lease: Duration::from_secs(30),
+            kubernetes: None,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! Prints `listening on <addr>` once bound, so a supervisor or a test can bind port 0 and read
 //! where it landed.
 
+use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -22,6 +23,17 @@ struct Args {
     /// The farm's name: every image this coordinator builds is labeled with it.
     #[arg(long, env = "KILN_FARM")]
     farm: String,
+    /// Reach the Kubernetes cluster of the ambient kubeconfig (or the in-cluster service account):
+    /// write each instance's `kiln-images` ConfigMap and keep what the cluster names in sweeps.
+    #[arg(long, env = "KILN_KUBERNETES")]
+    kubernetes: bool,
+    /// The namespace whose pods are roots besides the instances' own.
+    #[arg(long, default_value = "kube-system", env = "KILN_SYSTEM_NAMESPACE")]
+    system_namespace: String,
+    /// A custom resource whose objects' `spec.image` is a root: `group/version/Kind/plural`
+    /// (repeatable).
+    #[arg(long = "custom-resource", value_name = "GROUP/VERSION/KIND/PLURAL")]
+    custom_resources: Vec<kiln_coordinator::kube::CustomResource>,
 }
 
 #[tokio::main]
@@ -35,7 +47,17 @@ async fn main() -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     println!("listening on {}", listener.local_addr()?);
-    let config = kiln_coordinator::Config::new(args.state, args.farm);
+    let mut config = kiln_coordinator::Config::new(args.state, args.farm);
+    if args.kubernetes {
+        let client = kube::Client::try_default()
+            .await
+            .context("cannot reach Kubernetes from the kubeconfig or the service account — or drop --kubernetes")?;
+        config.kubernetes = Some(kiln_coordinator::kube::KubeConfig {
+            client,
+            system_namespace: args.system_namespace,
+            custom_resources: args.custom_resources,
+        });
+    }
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

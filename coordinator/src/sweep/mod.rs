@@ -68,6 +68,9 @@ pub(crate) enum SweepError {
         #[source]
         err: StoreError,
     },
+    /// The cluster's objects name images too; a sweep that cannot read them would guess.
+    #[error("cannot read the sweep's Kubernetes roots, so nothing was removed")]
+    Kubernetes(#[source] crate::kube::KubeError),
 }
 
 /// One store and the agent that holds it.
@@ -103,6 +106,10 @@ pub(crate) async fn sweep(
     let records = engine.store.records().await.map_err(roots_err("records"))?;
     let claims = engine.store.live_claims(now_ms()).await.map_err(roots_err("claims"))?;
     let pins = engine.store.pins().await.map_err(roots_err("pins"))?;
+    let kubernetes = match &engine.config.kubernetes {
+        Some(kube) => crate::kube::gather_roots(kube).await.map_err(SweepError::Kubernetes)?,
+        None => Vec::new(),
+    };
 
     let mut listings = Vec::new();
     let mut workloads = BTreeMap::new();
@@ -137,7 +144,8 @@ pub(crate) async fn sweep(
         });
         by_store.insert(store.store.clone(), store);
     }
-    let gathered = roots::gather(&records, &claims, &pins, &options.keep, workloads);
+    let mut gathered = roots::gather(&records, &claims, &pins, &options.keep, workloads);
+    gathered.roots.kubernetes = kubernetes;
     for listing in &mut listings {
         listing.runs_workloads = listing.kind == StoreKind::Host && gathered.hosts_run_workloads;
     }

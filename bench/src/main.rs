@@ -3,8 +3,10 @@
 //! interleaved rounds and prints medians, ratios against the goals, and a markdown table
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
+mod converge;
 mod digest;
 mod pack;
+mod upload;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -22,11 +24,20 @@ enum Bench {
     Digest(digest::Args),
     /// Archive pack of a small-file tree vs `tar --sort=name`.
     Pack(pack::Args),
+    /// A no-op `kiln up` of a recorded 3-image instance vs hashing its contexts alone.
+    NoopUp(converge::NoopArgs),
+    /// A cold `kiln up` (upload, verify, build, label) vs `docker build` of the same context.
+    ColdBuild(converge::ColdArgs),
+    /// Context upload over loopback (pack, gRPC, verify, store) vs a plain TCP copy; peak RSS.
+    Upload(upload::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Bench::Digest(args) => digest::run(&args),
         Bench::Pack(args) => pack::run(&args),
+        Bench::NoopUp(args) => converge::noop_up(&args),
+        Bench::ColdBuild(args) => converge::cold_build(&args),
+        Bench::Upload(args) => upload::run(&args),
     }
 }

@@ -3,9 +3,11 @@
 //! interleaved rounds and prints medians, ratios against the goals, and a markdown table
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
+mod converge;
 mod digest;
 mod pack;
 mod sweep_plan;
+mod upload;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +27,12 @@ enum Bench {
     Pack(pack::Args),
     /// Sweep planning: 100k listed images × 1,000 stores × 10k roots through the pure planner.
     SweepPlan(sweep_plan::Args),
+    /// A no-op `kiln up` of a recorded 3-image instance vs hashing its contexts alone.
+    NoopUp(converge::NoopArgs),
+    /// A cold `kiln up` (upload, verify, build, label) vs `docker build` of the same context.
+    ColdBuild(converge::ColdArgs),
+    /// Context upload over loopback (pack, gRPC, verify, store) vs a plain TCP copy; peak RSS.
+    Upload(upload::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,5 +40,8 @@ fn main() -> anyhow::Result<()> {
         Bench::Digest(args) => digest::run(&args),
         Bench::Pack(args) => pack::run(&args),
         Bench::SweepPlan(args) => sweep_plan::run(&args),
+        Bench::NoopUp(args) => converge::noop_up(&args),
+        Bench::ColdBuild(args) => converge::cold_build(&args),
+        Bench::Upload(args) => upload::run(&args),
     }
 }

@@ -45,7 +45,11 @@ pub fn endpoint(url: &str) -> Result<Endpoint, CliError> {
         // coordinator be noticed without cutting a quiet one off.
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20))
-        .keep_alive_while_idle(true);
+        .keep_alive_while_idle(true)
+        // Uploads stream 1 MiB chunks: windows smaller than a chunk stall on every update.
+        .initial_stream_window_size(8 << 20)
+        .initial_connection_window_size(16 << 20)
+        .tcp_nodelay(true);
     Ok(endpoint)
 }
 

@@ -112,12 +112,13 @@ impl pb::kiln_server::Kiln for KilnService {
         let (live, rx) = mpsc::channel(256);
         spawn_job(self.engine.clone(), converge.id, live, String::new(), move |engine, id, events| async move {
             let mut result = engine.up(&id, &plan, &events).await;
-            if let Ok(generation) = result {
-                result = crate::kube::published(&engine.config, &plan, generation, &events).await.map(|()| generation);
+            if let Ok(done) = result {
+                result = crate::kube::published(&engine.config, &plan, done.generation, &events).await.map(|()| done);
             }
             // Swept while the claims still hold: this converge's refs are roots until released,
-            // and are named as kept besides. A failed converge sweeps nothing.
-            if result.is_ok() {
+            // and are named as kept besides. A failed converge sweeps nothing, and neither does
+            // one that changed nothing: a no-op converge costs a walk and one RPC, no Docker call.
+            if result.as_ref().is_ok_and(|done| done.changed) {
                 let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
                 let options = SweepOptions { keep, ..SweepOptions::default() };
                 if let Err(err) = sweep(&engine, &id, &options, &events).await {
@@ -127,7 +128,10 @@ impl pb::kiln_server::Kiln for KilnService {
             if let Err(err) = engine.store.release_claims(&id).await {
                 tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
             }
-            result.map(|generation| format!("{} at generation {generation}", plan.instance))
+            result.map(|done| match done.changed {
+                true => format!("{} at generation {}", plan.instance, done.generation),
+                false => format!("{} unchanged at generation {}", plan.instance, done.generation),
+            })
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

@@ -56,6 +56,11 @@ impl Contexts {
         Ok(missing)
     }
 
+    /// Drops a stored context whose bytes an agent refused, so `missing` asks for it again.
+    pub async fn forget(&self, digest: &TreeDigest) {
+        let _ = tokio::fs::remove_file(self.path(digest)).await;
+    }
+
     /// Waits until every digest is stored, or `timeout` passes; returns those still missing.
     pub async fn wait_for(&self, digests: &[String], timeout: Duration) -> Result<Vec<String>, Status> {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -115,7 +120,10 @@ impl Contexts {
             }
         }
         drop(tx);
-        file.sync_all().await.map_err(io)?;
+        // No fsync before answering: a context lost or torn by a crash is caught by the agent's
+        // verification before any build, and forgotten then (`Contexts::forget`) so the next
+        // converge uploads it again.
+        file.flush().await.map_err(io)?;
         let verdict = verifier.await.map_err(|e| Status::internal(e.to_string()))?;
         if let Err(err) = verdict {
             return Err(Status::invalid_argument(format!(

@@ -39,6 +39,13 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// How a converge ended well: the generation now current, and whether this converge wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Converged {
+    pub generation: u64,
+    pub changed: bool,
+}
+
 /// Why a converge failed: the image it failed on, when one, and what happened.
 #[derive(Debug)]
 pub struct Failure {
@@ -73,7 +80,7 @@ struct Work<'a> {
 
 impl Engine {
     /// Runs the converge `id` of `plan` to its end, reporting through `events`.
-    pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<u64, Failure> {
+    pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<Converged, Failure> {
         match &plan.target {
             Target::Kind { .. } | Target::Nodes { .. } => {
                 return Err(Failure::whole(format!(
@@ -158,9 +165,15 @@ impl Engine {
         let order: BTreeMap<&str, usize> =
             plan.images.iter().enumerate().map(|(i, im)| (im.name.as_str(), i)).collect();
         recorded.sort_by_key(|r| order.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
+        // Nothing built, delivered or renamed: the record stands as it is. Writing an identical
+        // generation would push the one it replaced out of the nodes' grace, and a sweep would
+        // find nothing this converge made collectable.
+        if let Some(current) = record.as_ref().filter(|r| r.images == recorded) {
+            return Ok(Converged { generation: current.generation.0, changed: false });
+        }
         let expected = record.map(|r| r.generation);
         let generation = self.store.write_record(&plan.instance, expected, recorded).await.map_err(store_failure)?;
-        Ok(generation.0)
+        Ok(Converged { generation: generation.0, changed: true })
     }
 
     /// A host agent that can build the platform set, preferring one that already holds images.
@@ -351,7 +364,12 @@ impl Engine {
                 Ok(())
             }
             Ok(_) => Err(Failure::of(name, format!("host {} answered the build with something else", host.id))),
-            Err(err) => Err(Failure::of(name, format!("build of {} failed: {err}", w.image.reference))),
+            Err(err) => {
+                if let TaskFailure::Failed { kind: pb::task_error::Kind::ContextMismatch, .. } = err {
+                    self.contexts.forget(&w.inputs.context).await;
+                }
+                Err(Failure::of(name, format!("build of {} failed: {err}", w.image.reference)))
+            }
         }
     }
 

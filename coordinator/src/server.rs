@@ -11,7 +11,6 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_stream::wrappers::TcpListenerStream;
 
 /// What a coordinator needs to run.
 #[derive(Clone, Debug)]
@@ -84,11 +83,16 @@ pub async fn serve(
     let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
     let engine = Arc::new(Engine { store, hub: hub.clone(), contexts: Arc::new(contexts), config });
     let contexts = engine.contexts.clone();
+    // Nagle off: a converge is a few small messages, and each would wait ~40 ms for an ACK.
+    // Windows larger than one 1 MiB upload chunk, so a context streams without stalling.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(16 << 20))
         .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
         .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts }))
         .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ServeError::Transport)
 }

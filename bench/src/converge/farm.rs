@@ -120,6 +120,14 @@ impl HostStore for CountingStore {
         self.removes.fetch_add(1, Ordering::SeqCst);
         self.inner.remove_tag(reference).await
     }
+    async fn remove_image(&self, id: &str) -> Result<Removal, HostError> {
+        self.removes.fetch_add(1, Ordering::SeqCst);
+        self.inner.remove_image(id).await
+    }
+    async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.images_in_use().await
+    }
     async fn ping(&self) -> Result<(), HostError> {
         self.inner.ping().await
     }

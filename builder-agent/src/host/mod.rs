@@ -33,6 +33,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use tokio::sync::mpsc::Sender;
 
+/// A `docker save` archive in chunks, read once front to back.
+pub type ExportStream = futures_util::stream::BoxStream<'static, Result<bytes::Bytes, HostError>>;
+
 /// Everything a build needs besides the context archive.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BuildSpec {
@@ -134,6 +137,10 @@ pub trait HostStore: Send + Sync {
     async fn images_in_use(&self) -> Result<Vec<String>, HostError>;
 
     async fn ping(&self) -> Result<(), HostError>;
+
+    /// `docker save` of `reference`, streamed as the daemon writes it: the archive a node store
+    /// imports. Never held whole; a failure mid-way ends the stream with an error.
+    async fn export(&self, reference: &str) -> Result<ExportStream, HostError>;
 
     /// The image wearing exactly `tag`, if it was built by `farm` (DESIGN.md "The converge", step
     /// 3). A failed inspect reads as "holds nothing": the converge then builds, which is always

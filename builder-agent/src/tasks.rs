@@ -40,6 +40,7 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
         Some(pb::task::Kind::Inspect(i)) => inspect(&ctx, i).await,
         Some(pb::task::Kind::Remove(r)) => remove(&ctx, r).await,
         Some(pb::task::Kind::Export(e)) => export(&ctx, e).await,
+        Some(pb::task::Kind::KindLoad(k)) => kind_load(&ctx, k).await,
         Some(pb::task::Kind::Import(_)) => Err((
             ErrorKind::Unsupported,
             format!("host agent on {} does not import — send imports to a node agent", ctx.store_id),
@@ -280,4 +281,21 @@ async fn export(ctx: &TaskContext, e: pb::ExportTask) -> TaskResult {
     }
     let reply = put.map_err(|s| failed(format!("the coordinator's relay refused the archive: {}", s.message())))?;
     Ok(Outcome::Exported(pb::Exported { bytes: reply.into_inner().bytes }))
+}
+
+/// Loads the image into the kind cluster's node containers on this host, checking first that the
+/// tag still names the image the converge built.
+async fn kind_load(ctx: &TaskContext, k: pb::KindLoadTask) -> TaskResult {
+    match ctx.store.inspect(&k.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))? {
+        Some(info) if info.id == k.image_id => {}
+        _ => {
+            return Err((ErrorKind::ImageGone, format!("{} no longer names {} on this host", k.reference, k.image_id)))
+        }
+    }
+    let load = ctx
+        .store
+        .kind_load(&k.cluster, &k.reference, &k.image_id)
+        .await
+        .map_err(|err| failed(kiln_core::error_chain(&err)))?;
+    Ok(Outcome::KindLoaded(pb::KindLoaded { loaded: load.loaded, skipped: load.skipped }))
 }

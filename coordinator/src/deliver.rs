@@ -69,16 +69,7 @@ pub(crate) async fn to_nodes(
             "no node agent of cluster `{cluster}` is connected — run `kiln-agent --role node --cluster {cluster}` on each of its nodes"
         )));
     }
-    let id = match host
-        .run(converge, pb::task::Kind::Inspect(pb::InspectTask { reference: reference.into() }), |_| {})
-        .await?
-    {
-        pb::task_result::Outcome::Inspected(i) if i.present => i.id,
-        pb::task_result::Outcome::Inspected(_) => {
-            return Err(DeliverError::Gone(format!("{reference} left host {} before its delivery", host.id)))
-        }
-        _ => return Err(DeliverError::Failed(format!("host {} answered the inspect with something else", host.id))),
-    };
+    let id = host_image_id(host, converge, reference).await?;
 
     // Ask first: a cluster that holds the image already costs one small task per node, no export.
     let probe = pb::ImportTask { reference: reference.into(), image_id: id.clone(), relay_key: String::new() };
@@ -181,4 +172,41 @@ async fn on_nodes(nodes: &[Arc<AgentConn>], converge: &str, task: pb::ImportTask
         }
     }
     out
+}
+
+/// Delivers `reference` from `host` into the node containers of kind cluster `cluster`, which run
+/// on that host's daemon.
+pub(crate) async fn to_kind(
+    host: &AgentConn,
+    converge: &str,
+    cluster: &str,
+    reference: &str,
+    name: &str,
+    events: &Events,
+) -> Result<(), DeliverError> {
+    let id = host_image_id(host, converge, reference).await?;
+    let task = pb::KindLoadTask { reference: reference.into(), image_id: id, cluster: cluster.into() };
+    let loaded = match host.run(converge, pb::task::Kind::KindLoad(task), |_| {}).await? {
+        pb::task_result::Outcome::KindLoaded(k) => k,
+        _ => return Err(DeliverError::Failed(format!("host {} answered the kind load with something else", host.id))),
+    };
+    let message = match (loaded.loaded.len(), loaded.skipped.len()) {
+        (0, _) => format!("every node of kind cluster {cluster} already holds {reference}"),
+        (n, 0) => format!("{reference} to {n} node(s) of kind cluster {cluster}"),
+        (n, s) => format!("{reference} to {n} node(s) of kind cluster {cluster} ({s} already held it)"),
+    };
+    events.emit(EventKind::Delivered, Some(name), message);
+    Ok(())
+}
+
+/// The id of the image `reference` names on `host`; gone is a reason to rebuild.
+async fn host_image_id(host: &AgentConn, converge: &str, reference: &str) -> Result<String, DeliverError> {
+    let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: reference.into() });
+    match host.run(converge, inspect, |_| {}).await? {
+        pb::task_result::Outcome::Inspected(i) if i.present => Ok(i.id),
+        pb::task_result::Outcome::Inspected(_) => {
+            Err(DeliverError::Gone(format!("{reference} left host {} before its delivery", host.id)))
+        }
+        _ => Err(DeliverError::Failed(format!("host {} answered the inspect with something else", host.id))),
+    }
 }

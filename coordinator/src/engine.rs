@@ -78,13 +78,7 @@ impl Engine {
     /// Runs the converge `id` of `plan` to its end, reporting through `events`.
     pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<u64, Failure> {
         match &plan.target {
-            Target::Kind { .. } => {
-                return Err(Failure::whole(format!(
-                    "target `{}` is not available yet — use kind = \"nodes\", \"registry\" or \"local\" for now",
-                    plan.target.identity()
-                )))
-            }
-            Target::Nodes { .. } | Target::Registry { .. } | Target::Local => {}
+            Target::Kind { .. } | Target::Nodes { .. } | Target::Registry { .. } | Target::Local => {}
         }
         if plan.platforms.len() > 1 {
             return Err(Failure::whole(format!(
@@ -385,7 +379,9 @@ impl Engine {
                 let reference = &w.image.reference;
                 deliver::to_nodes(&self.hub, &self.relay, host, id.as_str(), cluster, reference, name, events).await?;
             }
-            Target::Kind { .. } => {}
+            Target::Kind { cluster } => {
+                deliver::to_kind(host, id.as_str(), cluster, &w.image.reference, name, events).await?;
+            }
         }
         Ok(())
     }

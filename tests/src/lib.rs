@@ -9,6 +9,7 @@
 
 pub mod docker;
 pub mod fixture;
+pub mod kind;
 pub mod registry;
 pub mod wire;
 
@@ -110,6 +111,14 @@ impl HostStore for Counting {
     }
     async fn ping(&self) -> Result<(), HostError> {
         self.inner.ping().await
+    }
+    async fn kind_load(
+        &self,
+        cluster: &str,
+        reference: &str,
+        id: &str,
+    ) -> Result<kiln_agent::host::KindLoad, HostError> {
+        self.inner.kind_load(cluster, reference, id).await
     }
     async fn export(&self, reference: &str) -> Result<kiln_agent::host::ExportStream, HostError> {
         self.exports.fetch_add(1, Ordering::Relaxed);

@@ -745,7 +745,7 @@ pub struct Task {
     /// The converge this task serves, for the agent's log spans.
     #[prost(string, tag = "2")]
     pub converge_id: ::prost::alloc::string::String,
-    #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7, 8, 9, 10")]
     pub kind: ::core::option::Option<task::Kind>,
 }
 /// Nested message and enum types in `Task`.
@@ -767,6 +767,8 @@ pub mod task {
         Export(super::ExportTask),
         #[prost(message, tag = "9")]
         Import(super::ImportTask),
+        #[prost(message, tag = "10")]
+        KindLoad(super::KindLoadTask),
     }
 }
 #[allow(clippy::all)]
@@ -871,6 +873,21 @@ pub struct ImportTask {
     #[prost(string, tag = "3")]
     pub relay_key: ::prost::alloc::string::String,
 }
+/// Host agent: what `kind load docker-image` does, without the kind binary. Find the node
+/// containers of kind cluster `cluster` on this host's Docker daemon (label
+/// `io.x-k8s.kind.cluster`), and stream one `docker save` of `reference` into `ctr import` in each
+/// node that does not already hold image `image_id` under the ref, in parallel.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct KindLoadTask {
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub image_id: ::prost::alloc::string::String,
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub cluster: ::prost::alloc::string::String,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct TaskProgress {
@@ -889,7 +906,7 @@ pub struct TaskProgress {
 pub struct TaskResult {
     #[prost(string, tag = "1")]
     pub task_id: ::prost::alloc::string::String,
-    #[prost(oneof = "task_result::Outcome", tags = "2, 3, 4, 5, 6, 7, 8, 9")]
+    #[prost(oneof = "task_result::Outcome", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub outcome: ::core::option::Option<task_result::Outcome>,
 }
 /// Nested message and enum types in `TaskResult`.
@@ -913,6 +930,8 @@ pub mod task_result {
         Exported(super::Exported),
         #[prost(message, tag = "9")]
         Imported(super::Imported),
+        #[prost(message, tag = "10")]
+        KindLoaded(super::KindLoaded),
     }
 }
 #[allow(clippy::all)]
@@ -1064,6 +1083,16 @@ pub struct Imported {
     /// NextId: 3
     #[prost(uint64, tag = "2")]
     pub bytes: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct KindLoaded {
+    /// Node containers that imported the image, and those that already held it.
+    #[prost(string, repeated, tag = "1")]
+    pub loaded: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// NextId: 3
+    #[prost(string, repeated, tag = "2")]
+    pub skipped: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -155,13 +155,20 @@ async fn an_image_a_node_container_uses_survives_gc() {
 /// Plants, through `ctr import` as `kind load` does, an image of `farm`'s `instance` that nothing
 /// names: garbage on the node, under a named ref, an `import-*` ref and the CRI's `sha256:` ref.
 fn saved_garbage(farm: &Farm, instance: &str) -> (String, Vec<u8>) {
+    let (tag, _, archive) = saved_garbage_with_id(farm, instance);
+    (tag, archive)
+}
+
+/// [`saved_garbage`], with the image id.
+fn saved_garbage_with_id(farm: &Farm, instance: &str) -> (String, String, Vec<u8>) {
     let tag = format!("kiln-test/{}:1", unique("garbage"));
     let labels = [(LABEL_KIND, "image"), (LABEL_INSTANCE, instance), (LABEL_FARM, farm.farm_id.as_str())];
     docker::plant_labeled(&[&tag], &labels, &unique("garbage"));
+    let id = docker::image_id(&tag).unwrap();
     let saved = std::process::Command::new("docker").args(["save", &tag]).output().unwrap();
     assert!(saved.status.success());
     docker::remove(&tag);
-    (tag, saved.stdout)
+    (tag, id, saved.stdout)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,5 +257,39 @@ async fn a_removal_failing_on_one_node_is_reported_and_the_other_nodes_proceed()
     assert!(good_left.is_empty(), "the other node's garbage went anyway: {good_left:#?}");
     let bad_left = bad.store().await.list().await.unwrap();
     assert!(bad_left.iter().any(|i| i.refs.iter().any(|r| r.contains(&name))), "the refused ref is still there");
+    farm.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cri_only_node_a_mixed_id_is_kept_whole_and_reported_and_a_garbage_id_goes_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let cluster = unique("c");
+    let node = Containerd::start().await;
+    farm.start_node(&cluster, &format!("{cluster}-cri"), Arc::new(node.cri().await)).await;
+    let containerd = node.store().await;
+    // Imported through containerd's API (no kind `import-*` ref, which the CRI cannot see to remove).
+    let (mixed_tag, mixed_id, mixed) = saved_garbage_with_id(&farm, "gone");
+    let (gone_tag, gone_id, gone) = saved_garbage_with_id(&farm, "gone");
+    for (tag, id, archive) in [(&mixed_tag, &mixed_id, mixed), (&gone_tag, &gone_id, gone)] {
+        let spec = ImportSpec { reference: tag.clone(), id: id.clone() };
+        containerd.import(support_node::body(archive), &spec).await.unwrap();
+    }
+    // A second, pinned name on the mixed image: a root the CRI could only keep by keeping it all.
+    let pinned = format!("docker.io/kiln-test/{}:1", unique("pinned"));
+    let target = node.target(&format!("docker.io/{mixed_tag}")).await;
+    node.create_ref(&pinned, target).await;
+    kiln_e2e::wire::pin(&farm.url, &pinned, true).await;
+
+    let events = gc(&farm.url, false, None).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let reported = events
+        .iter()
+        .any(|e| e.kind() == Kind::Note && e.message.contains("kept whole") && e.message.contains(&mixed_id));
+    assert!(reported, "the mixed id is reported: {events:#?}");
+    let left = containerd.list().await.unwrap();
+    let mixed_left = left.iter().find(|i| i.id == mixed_id).expect("the mixed id is kept");
+    assert!(mixed_left.refs.iter().any(|r| r.contains(&mixed_tag)), "its garbage name too: {mixed_left:?}");
+    assert!(!left.iter().any(|i| i.id == gone_id), "an id every name of which is garbage goes whole: {left:#?}");
     farm.stop().await;
 }

@@ -3,6 +3,7 @@
 //! interleaved rounds and prints medians, ratios against the goals, and a markdown table
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
+mod delivery;
 mod digest;
 mod pack;
 mod sweep_plan;
@@ -25,6 +26,8 @@ enum Bench {
     Pack(pack::Args),
     /// Sweep planning: 100k listed images × 1,000 stores × 10k roots through the pure planner.
     SweepPlan(sweep_plan::Args),
+    /// Delivery to `nodes` and `kind` clusters: an image every node holds; a large image to 3 nodes vs `docker save | ctr import`.
+    Delivery(delivery::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,5 +35,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Digest(args) => digest::run(&args),
         Bench::Pack(args) => pack::run(&args),
         Bench::SweepPlan(args) => sweep_plan::run(&args),
+        Bench::Delivery(args) => delivery::run(&args),
     }
 }

@@ -31,6 +31,9 @@ pub struct Args {
     mb: usize,
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Only the held-image case.
+    #[arg(long)]
+    skip_large: bool,
 }
 
 /// One containerd, as on one node; killed by its PID when dropped.
@@ -103,10 +106,11 @@ impl Drop for Containerd {
 
 fn instance(into: &Path, name: &str, kind: &str, cluster: &str, big: usize) -> Result<PathBuf> {
     let dir = into.join(name);
+    let cluster = if cluster.is_empty() { String::new() } else { format!("cluster = \"{cluster}\"\n") };
     write(
         &dir,
         "kiln.toml",
-        &format!("instance = \"{name}\"\n\n[target]\nkind = \"{kind}\"\ncluster = \"{cluster}\"\n\n[built.web]\ncontext = \"web\"\n"),
+        &format!("instance = \"{name}\"\n\n[target]\nkind = \"{kind}\"\n{cluster}\n[built.web]\ncontext = \"web\"\n"),
     );
     write(&dir, "web/Dockerfile", "FROM scratch\nCOPY . /srv/\n");
     write(&dir, "web/index.html", &format!("<p>{:016x}</p>\n", fastrand::u64(..)));
@@ -115,6 +119,16 @@ fn instance(into: &Path, name: &str, kind: &str, cluster: &str, big: usize) -> R
         std::fs::write(dir.join("web/big.bin"), noise)?;
     }
     Ok(dir)
+}
+
+/// A forced converge's wall time, whole (client side).
+async fn converge(farm: &Farm, dir: &Path) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    let events = up(&farm.url, dir, true).await;
+    if !succeeded(&events) {
+        bail!("converge failed");
+    }
+    Ok(started.elapsed())
 }
 
 /// A forced converge; its `Built` → `Delivered` interval.
@@ -147,8 +161,22 @@ pub fn run(args: &Args) -> Result<()> {
     // An image every node already holds.
     let small = instance(scratch.path(), "held", "nodes", &cluster, 0)?;
     let small_kind = instance(scratch.path(), "heldkind", "kind", &kind_cluster, 0)?;
+    let small_local = instance(scratch.path(), "heldlocal", "local", "", 0)?;
+    std::fs::copy(small.join("web/index.html"), small_kind.join("web/index.html"))?;
+    std::fs::copy(small.join("web/index.html"), small_local.join("web/index.html"))?;
     rt.block_on(delivery(&farm, &small))?;
     rt.block_on(delivery(&farm, &small_kind))?;
+    rt.block_on(converge(&farm, &small_local))?;
+    // Event stamps are taken by the event writer, so a short interval can read shorter than it
+    // was; whole forced converges against a `local` one (which delivers nothing) bound it.
+    let mut whole = [
+        Contestant::new("whole forced converge, local (no delivery)", || rt.block_on(converge(&farm, &small_local))),
+        Contestant::new("whole forced converge, nodes (all hold it)", || rt.block_on(converge(&farm, &small))),
+        Contestant::new("whole forced converge, kind (all hold it)", || rt.block_on(converge(&farm, &small_kind))),
+    ];
+    util::rounds(&mut whole, args.runs, 1, || Ok(()))?;
+    util::print_table("whole forced converges of an image every node already holds", &whole);
+    drop(whole);
     let mut held = [
         Contestant::new(format!("kiln nodes, {} nodes hold it", args.nodes), || rt.block_on(delivery(&farm, &small))),
         Contestant::new(format!("kiln kind, {} nodes hold it", args.nodes), || {
@@ -163,6 +191,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     drop(held);
 
+    if args.skip_large {
+        rt.block_on(farm.stop());
+        return Ok(());
+    }
     // A large image none holds.
     let big = instance(scratch.path(), "big", "nodes", &cluster, args.mb << 20)?;
     rt.block_on(delivery(&farm, &big)).ok();

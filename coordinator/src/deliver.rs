@@ -210,3 +210,17 @@ async fn host_image_id(host: &AgentConn, converge: &str, reference: &str) -> Res
         _ => Err(DeliverError::Failed(format!("host {} answered the inspect with something else", host.id))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_keys_differ_per_converge_and_fit_the_relay_alphabet() {
+        let id = "sha256:0123abcd";
+        let (a, b) = (relay_key(id, "c-1"), relay_key(id, "c-2"));
+        assert_ne!(a, b, "two converges delivering one image never share a spool file");
+        assert_eq!(a, "0123abcd-c-1");
+        assert!(relay_key(id, "../evil/").chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+}

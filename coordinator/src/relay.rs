@@ -21,7 +21,10 @@ pub struct Relay {
 }
 
 impl Relay {
+    /// Opens the spool, emptying it: whatever a previous run left belonged to converges that
+    /// died with it (they are marked failed at start), and nothing else would ever delete it.
     pub fn open(dir: PathBuf) -> std::io::Result<Relay> {
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         Ok(Relay { dir })
     }
@@ -115,5 +118,19 @@ impl pb::image_relay_server::ImageRelay for RelayService {
             }
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_that_could_leave_the_spool_dir_names_no_file() {
+        let relay = Relay { dir: PathBuf::from("/spool") };
+        assert_eq!(relay.path("abc123-conv_1"), Some(PathBuf::from("/spool/abc123-conv_1.tar")));
+        for bad in ["", "../x", "a/b", "a.b", &"k".repeat(201)] {
+            assert_eq!(relay.path(bad), None, "{bad:?}");
+        }
     }
 }

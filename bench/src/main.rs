@@ -4,6 +4,7 @@
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
 mod converge;
+mod delivery;
 mod digest;
 mod pack;
 mod sweep_plan;
@@ -33,6 +34,8 @@ enum Bench {
     ColdBuild(converge::ColdArgs),
     /// Context upload over loopback (pack, gRPC, verify, store) vs a plain TCP copy; peak RSS.
     Upload(upload::Args),
+    /// Delivery to `nodes` and `kind` clusters: an image every node holds; a large image to 3 nodes vs `docker save | ctr import`.
+    Delivery(delivery::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -43,5 +46,6 @@ fn main() -> anyhow::Result<()> {
         Bench::NoopUp(args) => converge::noop_up(&args),
         Bench::ColdBuild(args) => converge::cold_build(&args),
         Bench::Upload(args) => upload::run(&args),
+        Bench::Delivery(args) => delivery::run(&args),
     }
 }

@@ -30,6 +30,9 @@ pub struct AgentConfig {
     pub agent_id: String,
     /// Where contexts are downloaded and verified before a build.
     pub scratch_dir: PathBuf,
+    /// Role node: the cluster this node belongs to, announced in the hello; a `nodes` target of
+    /// that name delivers here. Empty for a host agent.
+    pub cluster: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,7 +107,7 @@ enum Served {
 /// Where one session sends its tasks.
 enum Dispatch {
     Host(Arc<tasks::TaskContext>),
-    Node(Arc<dyn NodeStore>),
+    Node(Arc<crate::node::tasks::NodeContext>),
 }
 
 async fn serve(
@@ -177,6 +180,7 @@ fn hello(config: &AgentConfig, served: &Served) -> pb::AgentMessage {
             stores: vec![store],
             platforms: vec![PlatformSet::host().oci()],
             version: env!("CARGO_PKG_VERSION").to_string(),
+            cluster: config.cluster.clone(),
         })),
     }
 }
@@ -227,11 +231,16 @@ async fn session(
         Served::Host(store) => Dispatch::Host(Arc::new(tasks::TaskContext {
             store,
             store_id: host_store_id(config),
-            content: pb::content_store_client::ContentStoreClient::new(channel),
+            content: pb::content_store_client::ContentStoreClient::new(channel.clone()),
+            relay: pb::image_relay_client::ImageRelayClient::new(channel),
             scratch: config.scratch_dir.clone(),
             out: tx.clone(),
         })),
-        Served::Node(store) => Dispatch::Node(store),
+        Served::Node(store) => Dispatch::Node(Arc::new(crate::node::tasks::NodeContext {
+            store,
+            relay: pb::image_relay_client::ImageRelayClient::new(channel),
+            out: tx.clone(),
+        })),
     };
     let mut beat = tokio::time::interval(heartbeat);
     loop {
@@ -251,7 +260,7 @@ async fn session(
                 Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) })) => {
                     match &dispatch {
                         Dispatch::Host(ctx) => tokio::spawn(tasks::execute(ctx.clone(), task)),
-                        Dispatch::Node(store) => tokio::spawn(crate::node::tasks::execute(store.clone(), tx.clone(), task)),
+                        Dispatch::Node(ctx) => tokio::spawn(crate::node::tasks::execute(ctx.clone(), task)),
                     };
                 }
                 // Cancellation is best effort: a task already sent to Docker runs to its end.

@@ -19,6 +19,8 @@ pub(crate) struct TaskContext {
     /// The host store's id, as the agent's hello announced it.
     pub store_id: String,
     pub content: pb::content_store_client::ContentStoreClient<Channel>,
+    /// Where an exported image goes on its way to node agents.
+    pub relay: pb::image_relay_client::ImageRelayClient<Channel>,
     pub scratch: PathBuf,
     pub out: mpsc::Sender<pb::AgentMessage>,
 }
@@ -37,6 +39,12 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
         Some(pb::task::Kind::List(l)) => list(&ctx, l).await,
         Some(pb::task::Kind::Inspect(i)) => inspect(&ctx, i).await,
         Some(pb::task::Kind::Remove(r)) => remove(&ctx, r).await,
+        Some(pb::task::Kind::Export(e)) => export(&ctx, e).await,
+        Some(pb::task::Kind::KindLoad(k)) => kind_load(&ctx, k).await,
+        Some(pb::task::Kind::Import(_)) => Err((
+            ErrorKind::Unsupported,
+            format!("host agent on {} does not import — send imports to a node agent", ctx.store_id),
+        )),
         None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
     answer(&ctx.out, id, result).await;
@@ -231,4 +239,63 @@ pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
         })
         .collect();
     Outcome::Listing(pb::Listing { images, ..Default::default() })
+}
+
+/// `docker save` the image and upload the archive to the coordinator's relay, streamed: the one
+/// export a delivery to every node of a cluster needs.
+async fn export(ctx: &TaskContext, e: pb::ExportTask) -> TaskResult {
+    use futures_util::StreamExt;
+    // The tag may have moved (or gone) since the converge read it: exporting another image would
+    // only fail on every node's verification, so say so here, as a reason to rebuild.
+    match ctx.store.inspect(&e.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))? {
+        Some(info) if e.image_id.is_empty() || info.id == e.image_id => {}
+        Some(info) => {
+            return Err((
+                ErrorKind::ImageGone,
+                format!("{} names {} on this host now, not {}", e.reference, info.id, e.image_id),
+            ))
+        }
+        None => return Err((ErrorKind::ImageGone, format!("{} left this host before its export", e.reference))),
+    }
+    let archive = ctx.store.export(&e.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))?;
+    let (tx, rx) = mpsc::channel::<pb::RelayChunk>(4);
+    // A save failing mid-way ends the upload early; the pump keeps the error to name it, rather
+    // than the relay's complaint about a short archive.
+    let key = e.relay_key.clone();
+    let pump = tokio::spawn(async move {
+        let mut archive = archive;
+        let mut key = Some(key);
+        while let Some(chunk) = archive.next().await {
+            let data = chunk?;
+            let chunk = pb::RelayChunk { key: key.take().unwrap_or_default(), data };
+            if tx.send(chunk).await.is_err() {
+                break;
+            }
+        }
+        Ok::<(), HostError>(())
+    });
+    let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let put = ctx.relay.clone().put(chunks).await;
+    if let Ok(Err(err)) = pump.await {
+        return Err(failed(kiln_core::error_chain(&err)));
+    }
+    let reply = put.map_err(|s| failed(format!("the coordinator's relay refused the archive: {}", s.message())))?;
+    Ok(Outcome::Exported(pb::Exported { bytes: reply.into_inner().bytes }))
+}
+
+/// Loads the image into the kind cluster's node containers on this host, checking first that the
+/// tag still names the image the converge built.
+async fn kind_load(ctx: &TaskContext, k: pb::KindLoadTask) -> TaskResult {
+    match ctx.store.inspect(&k.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))? {
+        Some(info) if info.id == k.image_id => {}
+        _ => {
+            return Err((ErrorKind::ImageGone, format!("{} no longer names {} on this host", k.reference, k.image_id)))
+        }
+    }
+    let load = ctx
+        .store
+        .kind_load(&k.cluster, &k.reference, &k.image_id)
+        .await
+        .map_err(|err| failed(kiln_core::error_chain(&err)))?;
+    Ok(Outcome::KindLoaded(pb::KindLoaded { loaded: load.loaded, skipped: load.skipped }))
 }

@@ -72,6 +72,7 @@ impl Embedded {
                 coordinator: url.clone(),
                 agent_id: embedded.site.agent_id(),
                 scratch_dir: embedded.site.scratch_dir(),
+                cluster: String::new(),
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
                 let _ = stopped.await;

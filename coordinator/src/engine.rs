@@ -5,6 +5,7 @@
 //! untouched and releases the claims.
 
 use crate::contexts::Contexts;
+use crate::deliver::{self, DeliverError};
 use crate::events::Events;
 use crate::hub::{AgentConn, Hub, TaskFailure};
 use crate::model::{ConvergeId, EventKind, RecordedImage, RecordedKind};
@@ -30,6 +31,8 @@ pub struct Engine {
     pub store: Arc<dyn Store>,
     pub hub: Arc<Hub>,
     pub contexts: Arc<Contexts>,
+    /// Spools images on their way from a host agent to node agents.
+    pub relay: crate::relay::Relay,
     pub config: Config,
 }
 
@@ -82,13 +85,7 @@ impl Engine {
     /// Runs the converge `id` of `plan` to its end, reporting through `events`.
     pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<Converged, Failure> {
         match &plan.target {
-            Target::Kind { .. } | Target::Nodes { .. } => {
-                return Err(Failure::whole(format!(
-                    "target `{}` is not available yet: delivery to cluster nodes lands with the node agents — use kind = \"registry\" or \"local\" for now",
-                    plan.target.identity()
-                )))
-            }
-            Target::Registry { .. } | Target::Local => {}
+            Target::Kind { .. } | Target::Nodes { .. } | Target::Registry { .. } | Target::Local => {}
         }
         if plan.platforms.len() > 1 {
             return Err(Failure::whole(format!(
@@ -286,8 +283,8 @@ impl Engine {
             // A sweep elsewhere may take the ref between its build (or held check) and its use:
             // the push finds it gone, or the read-back after a delivery that moves nothing does.
             let gone = match self.deliver(host, id, plan, w, events).await {
-                Err(TaskFailure::Failed { kind: pb::task_error::Kind::ImageGone, message, .. }) => message,
-                Err(err) => return Err(Failure::of(&w.image.name, err.to_string())),
+                Err(DeliverError::Gone(message)) => message,
+                Err(DeliverError::Failed(why)) => return Err(Failure::of(&w.image.name, why)),
                 Ok(()) => {
                     let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: w.image.reference.clone() });
                     match host.run(id.as_str(), inspect, |_| {}).await {
@@ -380,7 +377,7 @@ impl Engine {
         plan: &UpPlan,
         w: &Work<'_>,
         events: &Events,
-    ) -> Result<(), TaskFailure> {
+    ) -> Result<(), DeliverError> {
         let name = w.image.name.as_str();
         match &plan.target {
             Target::Registry { registry } => {
@@ -396,7 +393,13 @@ impl Engine {
             Target::Local => {
                 events.emit(EventKind::Delivered, Some(name), "local target: the build host is where it runs");
             }
-            Target::Kind { .. } | Target::Nodes { .. } => {}
+            Target::Nodes { cluster } => {
+                let reference = &w.image.reference;
+                deliver::to_nodes(&self.hub, &self.relay, host, id.as_str(), cluster, reference, name, events).await?;
+            }
+            Target::Kind { cluster } => {
+                deliver::to_kind(host, id.as_str(), cluster, &w.image.reference, name, events).await?;
+            }
         }
         Ok(())
     }

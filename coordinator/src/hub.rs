@@ -44,6 +44,8 @@ pub struct AgentConn {
     pub stores: Vec<pb::StoreInfo>,
     pub platforms: Vec<String>,
     pub version: String,
+    /// Role node: the cluster it announced; a `nodes` target of that name delivers to it.
+    pub cluster: String,
     tx: Outbound,
     pending: Mutex<HashMap<String, Pending>>,
     last_seen_ms: AtomicU64,
@@ -231,6 +233,7 @@ impl pb::agent_hub_server::AgentHub for HubService {
             stores: hello.stores.clone(),
             platforms: hello.platforms.clone(),
             version: hello.version.clone(),
+            cluster: hello.cluster.clone(),
             tx,
             pending: Mutex::new(HashMap::new()),
             last_seen_ms: AtomicU64::new(now_ms()),

@@ -23,10 +23,12 @@ pub mod store;
 mod api;
 mod contexts;
 mod convert;
+mod deliver;
 mod engine;
 mod events;
 mod hub;
 mod plan;
+mod relay;
 mod server;
 mod sweep;
 

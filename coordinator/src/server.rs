@@ -5,6 +5,7 @@ use crate::api::KilnService;
 use crate::contexts::{ContentService, Contexts};
 use crate::engine::Engine;
 use crate::hub::{Hub, HubService};
+use crate::relay::{Relay, RelayService};
 use crate::store::{SqliteStore, Store};
 use kiln_proto::v1 as pb;
 use std::future::Future;
@@ -53,6 +54,12 @@ pub enum ServeError {
         #[source]
         err: std::io::Error,
     },
+    #[error("cannot create the image relay's spool in {dir}")]
+    Relay {
+        dir: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("the gRPC server stopped")]
     Transport(#[source] tonic::transport::Error),
 }
@@ -81,7 +88,10 @@ pub async fn serve(
     let contexts = Contexts::open(contexts_dir.clone(), store.clone())
         .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?;
     let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
-    let engine = Arc::new(Engine { store, hub: hub.clone(), contexts: Arc::new(contexts), config });
+    let relay_dir = dir.join("relay");
+    let relay = Relay::open(relay_dir.clone()).map_err(|err| ServeError::Relay { dir: relay_dir, err })?;
+    let engine =
+        Arc::new(Engine { store, hub: hub.clone(), contexts: Arc::new(contexts), relay: relay.clone(), config });
     let contexts = engine.contexts.clone();
     // Nagle off: a converge is a few small messages, and each would wait ~40 ms for an ACK.
     // Windows larger than one 1 MiB upload chunk, so a context streams without stalling.
@@ -92,6 +102,7 @@ pub async fn serve(
         .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
         .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts }))
         .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
+        .add_service(pb::image_relay_server::ImageRelayServer::new(RelayService { relay }))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ServeError::Transport)

@@ -18,6 +18,7 @@ fn committed_code_matches_the_proto() {
         .build_transport(false)
         .bytes(".kiln.v1.UploadChunk.data")
         .bytes(".kiln.v1.DownloadChunk.data")
+        .bytes(".kiln.v1.RelayChunk.data")
         .compile_protos(&[root.join("kiln/v1/kiln.proto")], &[root.to_path_buf()])
         .unwrap();
     let fresh = std::fs::read_to_string(out.path().join("kiln.v1.rs")).unwrap();

@@ -9,6 +9,7 @@
 
 pub mod docker;
 pub mod fixture;
+pub mod kind;
 pub mod registry;
 pub mod wire;
 
@@ -30,6 +31,8 @@ pub struct Counting {
     inner: DockerStore,
     pub builds: AtomicUsize,
     pub pushes: AtomicUsize,
+    /// `docker save`s sent to Docker, for a delivery to nodes.
+    pub exports: AtomicUsize,
     /// Pushes still to sabotage: each untags its image first, as a sweep elsewhere might between
     /// a build and its delivery.
     pub sweep_before_push: AtomicUsize,
@@ -109,6 +112,18 @@ impl HostStore for Counting {
     async fn ping(&self) -> Result<(), HostError> {
         self.inner.ping().await
     }
+    async fn kind_load(
+        &self,
+        cluster: &str,
+        reference: &str,
+        id: &str,
+    ) -> Result<kiln_agent::host::KindLoad, HostError> {
+        self.inner.kind_load(cluster, reference, id).await
+    }
+    async fn export(&self, reference: &str) -> Result<kiln_agent::host::ExportStream, HostError> {
+        self.exports.fetch_add(1, Ordering::Relaxed);
+        self.inner.export(reference).await
+    }
 }
 
 /// A coordinator and one host agent, in-process, on a free loopback port.
@@ -123,6 +138,8 @@ pub struct Farm {
     coordinator: Option<(oneshot::Sender<()>, JoinHandle<()>, tokio::runtime::Runtime)>,
     pub claim_lease: std::time::Duration,
     agent: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    /// Node agents started with [`Farm::start_node`].
+    nodes: Vec<(oneshot::Sender<()>, JoinHandle<()>)>,
 }
 
 impl Farm {
@@ -133,6 +150,7 @@ impl Farm {
             inner: DockerStore::connect_local().await.expect("the Docker daemon must run for end-to-end tests"),
             builds: AtomicUsize::new(0),
             pushes: AtomicUsize::new(0),
+            exports: AtomicUsize::new(0),
             sweep_before_push: AtomicUsize::new(0),
             sweep_after_build: AtomicUsize::new(0),
             refuse_removal_of: Mutex::new(HashSet::new()),
@@ -146,6 +164,7 @@ impl Farm {
             coordinator: None,
             claim_lease: std::time::Duration::from_secs(600),
             agent: None,
+            nodes: Vec::new(),
         };
         farm.start_coordinator().await;
         farm.start_agent().await;
@@ -205,6 +224,7 @@ impl Farm {
             coordinator: self.url.clone(),
             agent_id: "e2e-agent".to_string(),
             scratch_dir: self.home.join("scratch"),
+            cluster: String::new(),
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -217,6 +237,41 @@ impl Farm {
         });
         self.agent = Some((tx, task));
         self.wait_for_agent().await;
+    }
+
+    /// Starts a node agent `agent_id` of `cluster` serving `store` (the real `run_node_with`) and
+    /// waits until the coordinator lists it as connected.
+    pub async fn start_node(&mut self, cluster: &str, agent_id: &str, store: Arc<dyn kiln_agent::node::NodeStore>) {
+        let config = kiln_agent::AgentConfig {
+            coordinator: self.url.clone(),
+            agent_id: agent_id.to_string(),
+            scratch_dir: self.home.join("scratch").join(agent_id),
+            cluster: cluster.to_string(),
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            kiln_agent::run_node_with(config, store, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("node agent runs");
+        });
+        self.nodes.push((tx, task));
+        let channel = tonic::transport::Endpoint::from_shared(self.url.clone()).unwrap().connect_lazy();
+        let mut client = kiln_proto::v1::kiln_client::KilnClient::new(channel);
+        for _ in 0..200 {
+            if let Ok(reply) = client.agents(kiln_proto::v1::AgentsRequest {}).await {
+                if reply.into_inner().agents.iter().any(|a| a.id == agent_id && a.connected) {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("node agent {agent_id} never connected to {}", self.url);
+    }
+
+    pub fn exports(&self) -> usize {
+        self.store.exports.load(Ordering::SeqCst)
     }
 
     /// Waits until the coordinator lists the agent as connected.
@@ -244,6 +299,10 @@ impl Farm {
 
     /// Stops the coordinator and the agent, waiting for both.
     pub async fn stop(&mut self) {
+        for (tx, task) in self.nodes.drain(..) {
+            let _ = tx.send(());
+            let _ = task.await;
+        }
         if let Some((tx, task)) = self.agent.take() {
             let _ = tx.send(());
             let _ = task.await;

@@ -124,6 +124,17 @@ impl HostStore for CountingStore {
         self.removes.fetch_add(1, Ordering::SeqCst);
         self.inner.remove_image(id).await
     }
+    async fn export(&self, reference: &str) -> Result<kiln_agent::host::ExportStream, HostError> {
+        self.inner.export(reference).await
+    }
+    async fn kind_load(
+        &self,
+        cluster: &str,
+        reference: &str,
+        id: &str,
+    ) -> Result<kiln_agent::host::KindLoad, HostError> {
+        self.inner.kind_load(cluster, reference, id).await
+    }
     async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
         self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.images_in_use().await

@@ -32,6 +32,9 @@ struct Args {
     /// Role node: reach the node through the CRI alone (no untagging: whole ids only).
     #[arg(long, env = "KILN_CRI_ONLY")]
     cri_only: bool,
+    /// Role node: the cluster this node belongs to; `kind = "nodes"`, `cluster = NAME` delivers here.
+    #[arg(long, env = "KILN_CLUSTER")]
+    cluster: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,7 +56,15 @@ async fn main() -> anyhow::Result<()> {
             std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "agent".into())
         }
     };
-    let config = kiln_agent::AgentConfig { coordinator: args.coordinator, agent_id, scratch_dir: args.scratch };
+    let config = kiln_agent::AgentConfig {
+        coordinator: args.coordinator,
+        agent_id,
+        scratch_dir: args.scratch,
+        cluster: args.cluster.unwrap_or_default(),
+    };
+    if args.role == Role::Node && config.cluster.is_empty() {
+        anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");
+    }
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -38,8 +38,8 @@ const BUILD_ANSWER_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 #[derive(Clone, Debug)]
 pub struct DockerStore {
     host: String,
-    docker: Docker,
-    builder: Docker,
+    pub(super) docker: Docker,
+    pub(super) builder: Docker,
     endpoint: Endpoint,
 }
 
@@ -68,7 +68,7 @@ impl DockerStore {
         &self.host
     }
 
-    fn daemon_error(&self, op: &'static str, object: &str, err: DockerError) -> HostError {
+    pub(super) fn daemon_error(&self, op: &'static str, object: &str, err: DockerError) -> HostError {
         let host = self.host.clone();
         let object = object.to_string();
         match err {
@@ -87,6 +87,29 @@ fn is_not_found(err: &DockerError) -> bool {
 
 #[async_trait]
 impl HostStore for DockerStore {
+    async fn kind_load(&self, cluster: &str, reference: &str, id: &str) -> Result<super::KindLoad, HostError> {
+        self.load_into_kind(cluster, reference, id).await
+    }
+
+    async fn export(&self, reference: &str) -> Result<super::ExportStream, HostError> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        // A long save must not be cut at the short answer timeout: the build client waits longer.
+        let (docker, store, reference) = (self.builder.clone(), self.clone(), reference.to_string());
+        // bollard's stream borrows its client; a task owning a clone feeds a small channel, so
+        // the archive is never buffered beyond a few chunks.
+        tokio::spawn(async move {
+            let mut chunks = docker.export_image(&reference);
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(|err| store.daemon_error("save", &reference, err));
+                let stop = chunk.is_err();
+                if tx.send(chunk).await.is_err() || stop {
+                    break;
+                }
+            }
+        });
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
+    }
+
     async fn build(&self, context_archive: &Path, spec: &BuildSpec, log: Sender<String>) -> Result<Built, HostError> {
         let archive = context_archive.to_path_buf();
         let (dockerfile, outside) = (spec.dockerfile.clone(), spec.dockerfile_outside.clone());

@@ -37,6 +37,11 @@ pub enum HostError {
         source: bollard::errors::Error,
     },
     /// `step` carries the failing step (`Step 2/3 : COPY missing /`) and the daemon's message.
+    #[error("no node container of kind cluster {cluster} runs on this Docker daemon (none labeled io.x-k8s.kind.cluster={cluster}) — create it (`kind create cluster --name {cluster}`) or start its nodes")]
+    NoKindNodes { cluster: String },
+    /// `why` is what `ctr` said on the node (its stderr), not a Rust error.
+    #[error("loading {reference} into kind node {node} failed: {why}")]
+    KindImport { node: String, reference: String, why: String },
     #[error("build of {tag} failed at {step}")]
     BuildFailed { tag: String, step: String },
     #[error("push of {reference} failed: {why}")]

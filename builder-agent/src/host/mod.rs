@@ -15,11 +15,13 @@ mod body;
 mod buildlog;
 mod docker;
 mod error;
+mod kind;
 mod push;
 mod verify;
 
 pub use docker::DockerStore;
 pub use error::HostError;
+pub use kind::{KindLoad, KIND_CLUSTER_LABEL};
 pub use verify::verify_context;
 
 /// The name under which a Dockerfile that lives outside the context travels in the archive sent to
@@ -32,6 +34,9 @@ use kiln_core::sweep::{ListedImage, LABEL_FARM, LABEL_KIND};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tokio::sync::mpsc::Sender;
+
+/// A `docker save` archive in chunks, read once front to back.
+pub type ExportStream = futures_util::stream::BoxStream<'static, Result<bytes::Bytes, HostError>>;
 
 /// Everything a build needs besides the context archive.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -134,6 +139,15 @@ pub trait HostStore: Send + Sync {
     async fn images_in_use(&self) -> Result<Vec<String>, HostError>;
 
     async fn ping(&self) -> Result<(), HostError>;
+
+    /// `docker save` of `reference`, streamed as the daemon writes it: the archive a node store
+    /// imports. Never held whole; a failure mid-way ends the stream with an error.
+    async fn export(&self, reference: &str) -> Result<ExportStream, HostError>;
+
+    /// What `kind load docker-image` does: streams one `docker save` of `reference` into the
+    /// containerd of every node container of kind cluster `cluster` on this daemon that does not
+    /// already name image `id` under the ref, in parallel.
+    async fn kind_load(&self, cluster: &str, reference: &str, id: &str) -> Result<KindLoad, HostError>;
 
     /// The image wearing exactly `tag`, if it was built by `farm` (DESIGN.md "The converge", step
     /// 3). A failed inspect reads as "holds nothing": the converge then builds, which is always

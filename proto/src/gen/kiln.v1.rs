@@ -565,6 +565,30 @@ pub struct DownloadChunk {
     pub data: ::prost::bytes::Bytes,
 }
 #[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RelayChunk {
+    /// Set on the first chunk of a Put only.
+    #[prost(string, tag = "1")]
+    pub key: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(bytes = "bytes", tag = "2")]
+    pub data: ::prost::bytes::Bytes,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RelayPutReply {
+    /// NextId: 2
+    #[prost(uint64, tag = "1")]
+    pub bytes: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RelayGetRequest {
+    /// NextId: 2
+    #[prost(string, tag = "1")]
+    pub key: ::prost::alloc::string::String,
+}
+#[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {
     #[prost(oneof = "agent_message::Body", tags = "1, 2, 3, 4, 5")]
@@ -598,9 +622,14 @@ pub struct Hello {
     pub stores: ::prost::alloc::vec::Vec<StoreInfo>,
     #[prost(string, repeated, tag = "4")]
     pub platforms: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
-    /// NextId: 6
     #[prost(string, tag = "5")]
     pub version: ::prost::alloc::string::String,
+    /// Role node: the cluster this node belongs to (`kiln-agent --role node --cluster NAME`); a
+    /// `nodes` target named NAME delivers to every node agent announcing it.
+    ///
+    /// NextId: 7
+    #[prost(string, tag = "6")]
+    pub cluster: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -716,7 +745,7 @@ pub struct Task {
     /// The converge this task serves, for the agent's log spans.
     #[prost(string, tag = "2")]
     pub converge_id: ::prost::alloc::string::String,
-    #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7")]
+    #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7, 8, 9, 10")]
     pub kind: ::core::option::Option<task::Kind>,
 }
 /// Nested message and enum types in `Task`.
@@ -734,6 +763,12 @@ pub mod task {
         Inspect(super::InspectTask),
         #[prost(message, tag = "7")]
         Remove(super::RemoveTask),
+        #[prost(message, tag = "8")]
+        Export(super::ExportTask),
+        #[prost(message, tag = "9")]
+        Import(super::ImportTask),
+        #[prost(message, tag = "10")]
+        KindLoad(super::KindLoadTask),
     }
 }
 #[allow(clippy::all)]
@@ -809,6 +844,50 @@ pub struct RemoveTask {
     #[prost(string, repeated, tag = "3")]
     pub image_ids: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
+/// Host agent: `docker save` the image and upload the archive to the coordinator's relay
+/// (`ImageRelay.Put`) under `relay_key`, streamed.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ExportTask {
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    /// The image id (`sha256:<config>`) the export must be of; a host whose tag names another answers
+    /// KIND_IMAGE_GONE.
+    #[prost(string, tag = "2")]
+    pub image_id: ::prost::alloc::string::String,
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub relay_key: ::prost::alloc::string::String,
+}
+/// Node agent: point `reference` at image `image_id`, pulling the archive from the relay
+/// (`ImageRelay.Get`) unless the node already holds the id under that ref. An empty `relay_key`
+/// only asks whether it does (`Imported.skipped`), importing nothing.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ImportTask {
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub image_id: ::prost::alloc::string::String,
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub relay_key: ::prost::alloc::string::String,
+}
+/// Host agent: what `kind load docker-image` does, without the kind binary. Find the node
+/// containers of kind cluster `cluster` on this host's Docker daemon (label
+/// `io.x-k8s.kind.cluster`), and stream one `docker save` of `reference` into `ctr import` in each
+/// node that does not already hold image `image_id` under the ref, in parallel.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct KindLoadTask {
+    #[prost(string, tag = "1")]
+    pub reference: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub image_id: ::prost::alloc::string::String,
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub cluster: ::prost::alloc::string::String,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct TaskProgress {
@@ -827,7 +906,7 @@ pub struct TaskProgress {
 pub struct TaskResult {
     #[prost(string, tag = "1")]
     pub task_id: ::prost::alloc::string::String,
-    #[prost(oneof = "task_result::Outcome", tags = "2, 3, 4, 5, 6, 7")]
+    #[prost(oneof = "task_result::Outcome", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub outcome: ::core::option::Option<task_result::Outcome>,
 }
 /// Nested message and enum types in `TaskResult`.
@@ -847,6 +926,12 @@ pub mod task_result {
         Inspected(super::Inspected),
         #[prost(message, tag = "7")]
         Removed(super::Removed),
+        #[prost(message, tag = "8")]
+        Exported(super::Exported),
+        #[prost(message, tag = "9")]
+        Imported(super::Imported),
+        #[prost(message, tag = "10")]
+        KindLoaded(super::KindLoaded),
     }
 }
 #[allow(clippy::all)]
@@ -977,6 +1062,37 @@ pub struct Removed {
     /// NextId: 5
     #[prost(message, repeated, tag = "4")]
     pub failures: ::prost::alloc::vec::Vec<RemovalFailure>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Exported {
+    /// Archive bytes uploaded to the relay.
+    ///
+    /// NextId: 2
+    #[prost(uint64, tag = "1")]
+    pub bytes: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Imported {
+    /// The node already held the image id under the ref: nothing was transferred.
+    #[prost(bool, tag = "1")]
+    pub skipped: bool,
+    /// Config and layer bytes imported (0 when skipped).
+    ///
+    /// NextId: 3
+    #[prost(uint64, tag = "2")]
+    pub bytes: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct KindLoaded {
+    /// Node containers that imported the image, and those that already held it.
+    #[prost(string, repeated, tag = "1")]
+    pub loaded: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// NextId: 3
+    #[prost(string, repeated, tag = "2")]
+    pub skipped: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -2417,6 +2533,374 @@ pub mod content_store_server {
     /// Generated gRPC service name
     pub const SERVICE_NAME: &str = "kiln.v1.ContentStore";
     impl<T> tonic::server::NamedService for ContentStoreServer<T> {
+        const NAME: &'static str = SERVICE_NAME;
+    }
+}
+/// Generated client implementations.
+pub mod image_relay_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    use tonic::codegen::http::Uri;
+    /// ---
+    ///
+    /// A `docker save` archive on its way from a host agent to node agents. Agents only dial out, so
+    /// the coordinator relays: the host agent puts it once, spooled to disk, and every node agent gets
+    /// it; the coordinator deletes it after the delivery. Bounded memory end to end.
+    #[derive(Debug, Clone)]
+    pub struct ImageRelayClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> ImageRelayClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> ImageRelayClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<
+                    <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                >,
+            >,
+            <T as tonic::codegen::Service<
+                http::Request<tonic::body::Body>,
+            >>::Error: Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            ImageRelayClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// The first chunk names the key.
+        pub async fn put(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::RelayChunk>,
+        ) -> std::result::Result<tonic::Response<super::RelayPutReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/kiln.v1.ImageRelay/Put");
+            let mut req = request.into_streaming_request();
+            req.extensions_mut().insert(GrpcMethod::new("kiln.v1.ImageRelay", "Put"));
+            self.inner.client_streaming(req, path, codec).await
+        }
+        pub async fn get(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RelayGetRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::RelayChunk>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/kiln.v1.ImageRelay/Get");
+            let mut req = request.into_request();
+            req.extensions_mut().insert(GrpcMethod::new("kiln.v1.ImageRelay", "Get"));
+            self.inner.server_streaming(req, path, codec).await
+        }
+    }
+}
+/// Generated server implementations.
+pub mod image_relay_server {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value,
+    )]
+    use tonic::codegen::*;
+    /// Generated trait containing gRPC methods that should be implemented for use with ImageRelayServer.
+    #[async_trait]
+    pub trait ImageRelay: std::marker::Send + std::marker::Sync + 'static {
+        /// The first chunk names the key.
+        async fn put(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::RelayChunk>>,
+        ) -> std::result::Result<tonic::Response<super::RelayPutReply>, tonic::Status>;
+        /// Server streaming response type for the Get method.
+        type GetStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::RelayChunk, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        async fn get(
+            &self,
+            request: tonic::Request<super::RelayGetRequest>,
+        ) -> std::result::Result<tonic::Response<Self::GetStream>, tonic::Status>;
+    }
+    /// ---
+    ///
+    /// A `docker save` archive on its way from a host agent to node agents. Agents only dial out, so
+    /// the coordinator relays: the host agent puts it once, spooled to disk, and every node agent gets
+    /// it; the coordinator deletes it after the delivery. Bounded memory end to end.
+    #[derive(Debug)]
+    pub struct ImageRelayServer<T> {
+        inner: Arc<T>,
+        accept_compression_encodings: EnabledCompressionEncodings,
+        send_compression_encodings: EnabledCompressionEncodings,
+        max_decoding_message_size: Option<usize>,
+        max_encoding_message_size: Option<usize>,
+    }
+    impl<T> ImageRelayServer<T> {
+        pub fn new(inner: T) -> Self {
+            Self::from_arc(Arc::new(inner))
+        }
+        pub fn from_arc(inner: Arc<T>) -> Self {
+            Self {
+                inner,
+                accept_compression_encodings: Default::default(),
+                send_compression_encodings: Default::default(),
+                max_decoding_message_size: None,
+                max_encoding_message_size: None,
+            }
+        }
+        pub fn with_interceptor<F>(
+            inner: T,
+            interceptor: F,
+        ) -> InterceptedService<Self, F>
+        where
+            F: tonic::service::Interceptor,
+        {
+            InterceptedService::new(Self::new(inner), interceptor)
+        }
+        /// Enable decompressing requests with the given encoding.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.accept_compression_encodings.enable(encoding);
+            self
+        }
+        /// Compress responses with the given encoding, if the client supports it.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.send_compression_encodings.enable(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.max_decoding_message_size = Some(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.max_encoding_message_size = Some(limit);
+            self
+        }
+    }
+    impl<T, B> tonic::codegen::Service<http::Request<B>> for ImageRelayServer<T>
+    where
+        T: ImageRelay,
+        B: Body + std::marker::Send + 'static,
+        B::Error: Into<StdError> + std::marker::Send + 'static,
+    {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = std::convert::Infallible;
+        type Future = BoxFuture<Self::Response, Self::Error>;
+        fn poll_ready(
+            &mut self,
+            _cx: &mut Context<'_>,
+        ) -> Poll<std::result::Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, req: http::Request<B>) -> Self::Future {
+            match req.uri().path() {
+                "/kiln.v1.ImageRelay/Put" => {
+                    #[allow(non_camel_case_types)]
+                    struct PutSvc<T: ImageRelay>(pub Arc<T>);
+                    impl<
+                        T: ImageRelay,
+                    > tonic::server::ClientStreamingService<super::RelayChunk>
+                    for PutSvc<T> {
+                        type Response = super::RelayPutReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<tonic::Streaming<super::RelayChunk>>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ImageRelay>::put(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PutSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.client_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.ImageRelay/Get" => {
+                    #[allow(non_camel_case_types)]
+                    struct GetSvc<T: ImageRelay>(pub Arc<T>);
+                    impl<
+                        T: ImageRelay,
+                    > tonic::server::ServerStreamingService<super::RelayGetRequest>
+                    for GetSvc<T> {
+                        type Response = super::RelayChunk;
+                        type ResponseStream = T::GetStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RelayGetRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ImageRelay>::get(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = GetSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                _ => {
+                    Box::pin(async move {
+                        let mut response = http::Response::new(
+                            tonic::body::Body::default(),
+                        );
+                        let headers = response.headers_mut();
+                        headers
+                            .insert(
+                                tonic::Status::GRPC_STATUS,
+                                (tonic::Code::Unimplemented as i32).into(),
+                            );
+                        headers
+                            .insert(
+                                http::header::CONTENT_TYPE,
+                                tonic::metadata::GRPC_CONTENT_TYPE,
+                            );
+                        Ok(response)
+                    })
+                }
+            }
+        }
+    }
+    impl<T> Clone for ImageRelayServer<T> {
+        fn clone(&self) -> Self {
+            let inner = self.inner.clone();
+            Self {
+                inner,
+                accept_compression_encodings: self.accept_compression_encodings,
+                send_compression_encodings: self.send_compression_encodings,
+                max_decoding_message_size: self.max_decoding_message_size,
+                max_encoding_message_size: self.max_encoding_message_size,
+            }
+        }
+    }
+    /// Generated gRPC service name
+    pub const SERVICE_NAME: &str = "kiln.v1.ImageRelay";
+    impl<T> tonic::server::NamedService for ImageRelayServer<T> {
         const NAME: &'static str = SERVICE_NAME;
     }
 }

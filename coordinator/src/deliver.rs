@@ -1,0 +1,226 @@
+//! Delivery to cluster nodes (DESIGN.md "The converge", step 6), for the `nodes` and `kind`
+//! targets.
+//!
+//! `nodes`: every node agent announcing the target's cluster is asked first whether it already
+//! holds the image id under the ref; only if some node lacks it does the host agent export the
+//! image — once — to the coordinator's relay, from which the lacking nodes import it in parallel.
+//! Agents only dial out, so the coordinator is the one place both can reach. The spool is deleted
+//! when the delivery ends, whatever its outcome. A node that cannot take the image fails the
+//! converge, named.
+//!
+//! `kind`: the host agent does it all (the node containers live on its Docker daemon): it finds
+//! them by kind's labels and streams one `docker save` into each node's `ctr import`.
+
+use crate::events::Events;
+use crate::hub::{AgentConn, Hub, TaskFailure};
+use crate::model::{AgentRole, EventKind};
+use crate::relay::Relay;
+use kiln_proto::v1 as pb;
+use std::sync::Arc;
+use tokio::task::JoinSet;
+
+/// Why a delivery did not happen.
+#[derive(Debug)]
+pub(crate) enum DeliverError {
+    /// The ref left the host before it could be exported: the converge rebuilds it.
+    Gone(String),
+    /// Anything else, as a sentence naming the node, cluster or agent.
+    Failed(String),
+}
+
+impl From<TaskFailure> for DeliverError {
+    fn from(err: TaskFailure) -> DeliverError {
+        match err {
+            TaskFailure::Failed { kind: pb::task_error::Kind::ImageGone, message, .. } => DeliverError::Gone(message),
+            other => DeliverError::Failed(other.to_string()),
+        }
+    }
+}
+
+/// The node agents of `cluster`, in id order.
+pub(crate) fn cluster_nodes(hub: &Hub, cluster: &str) -> Vec<Arc<AgentConn>> {
+    hub.connected().into_iter().filter(|a| a.role == AgentRole::Node && a.cluster == cluster).collect()
+}
+
+/// What one image's delivery to a `nodes` cluster did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct NodesDelivered {
+    /// Nodes that imported it.
+    pub imported: Vec<String>,
+    /// Nodes that already held the id under the ref.
+    pub skipped: Vec<String>,
+}
+
+/// Delivers `reference` from `host` to every node agent of `cluster`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn to_nodes(
+    hub: &Hub,
+    relay: &Relay,
+    host: &AgentConn,
+    converge: &str,
+    cluster: &str,
+    reference: &str,
+    name: &str,
+    events: &Events,
+) -> Result<NodesDelivered, DeliverError> {
+    let nodes = cluster_nodes(hub, cluster);
+    if nodes.is_empty() {
+        return Err(DeliverError::Failed(format!(
+            "no node agent of cluster `{cluster}` is connected — run `kiln-agent --role node --cluster {cluster}` on each of its nodes"
+        )));
+    }
+    let id = host_image_id(host, converge, reference).await?;
+
+    // Ask first: a cluster that holds the image already costs one small task per node, no export.
+    let probe = pb::ImportTask { reference: reference.into(), image_id: id.clone(), relay_key: String::new() };
+    let answers = on_nodes(&nodes, converge, probe).await;
+    let mut done = NodesDelivered::default();
+    let mut lacking = Vec::new();
+    let mut failures = Vec::new();
+    for (node, answer) in nodes.iter().zip(answers) {
+        match answer {
+            Ok(true) => done.skipped.push(node.id.clone()),
+            Ok(false) => lacking.push(node.clone()),
+            Err(why) => failures.push(format!("node {}: {why}", node.id)),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failed_on(reference, cluster, failures));
+    }
+    if lacking.is_empty() {
+        events.emit(EventKind::Delivered, Some(name), format!("every node of {cluster} already holds {reference}"));
+        return Ok(done);
+    }
+
+    let key = relay_key(&id, converge);
+    let result = export_and_import(host, &lacking, converge, reference, &id, &key, events, name).await;
+    relay.discard(&key).await;
+    let answers = result?;
+    for (node, answer) in lacking.iter().zip(answers) {
+        match answer {
+            Ok(_) => done.imported.push(node.id.clone()),
+            Err(why) => failures.push(format!("node {}: {why}", node.id)),
+        }
+    }
+    if !failures.is_empty() {
+        return Err(failed_on(reference, cluster, failures));
+    }
+    let skipped = match done.skipped.len() {
+        0 => String::new(),
+        n => format!(" ({n} already held it)"),
+    };
+    events.emit(
+        EventKind::Delivered,
+        Some(name),
+        format!("{reference} to {} node(s) of {cluster}{skipped}", done.imported.len()),
+    );
+    Ok(done)
+}
+
+fn failed_on(reference: &str, cluster: &str, failures: Vec<String>) -> DeliverError {
+    DeliverError::Failed(format!("{reference} could not be delivered to cluster {cluster}: {}", failures.join("; ")))
+}
+
+/// A spool name per image and converge: two converges delivering the same image never share one.
+fn relay_key(id: &str, converge: &str) -> String {
+    let clean = |s: &str| s.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect::<String>();
+    format!("{}-{}", clean(id.trim_start_matches("sha256:")), clean(converge))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn export_and_import(
+    host: &AgentConn,
+    lacking: &[Arc<AgentConn>],
+    converge: &str,
+    reference: &str,
+    id: &str,
+    key: &str,
+    events: &Events,
+    name: &str,
+) -> Result<Vec<Result<bool, String>>, DeliverError> {
+    events.emit(EventKind::Pushing, Some(name), format!("exporting {reference} from {}", host.id));
+    let export = pb::ExportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
+    let bytes = match host.run(converge, pb::task::Kind::Export(export), |_| {}).await? {
+        pb::task_result::Outcome::Exported(e) => e.bytes,
+        _ => return Err(DeliverError::Failed(format!("host {} answered the export with something else", host.id))),
+    };
+    events.emit(EventKind::Pushed { bytes }, Some(name), format!("to {} node(s)", lacking.len()));
+    let import = pb::ImportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
+    Ok(on_nodes(lacking, converge, import).await)
+}
+
+/// Runs `task` on every node in parallel; per node: whether it skipped (already held), or why it
+/// failed. Answers come back in `nodes`' order.
+async fn on_nodes(nodes: &[Arc<AgentConn>], converge: &str, task: pb::ImportTask) -> Vec<Result<bool, String>> {
+    let mut set = JoinSet::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let (node, converge, task) = (node.clone(), converge.to_string(), task.clone());
+        set.spawn(async move {
+            let answer = match node.run(&converge, pb::task::Kind::Import(task), |_| {}).await {
+                Ok(pb::task_result::Outcome::Imported(i)) => Ok(i.skipped),
+                Ok(_) => Err("answered the import with something else (an older agent?)".to_string()),
+                Err(TaskFailure::Failed { message, .. }) => Err(message),
+                Err(err) => Err(err.to_string()),
+            };
+            (i, answer)
+        });
+    }
+    let mut out: Vec<Result<bool, String>> = vec![Err("never answered".to_string()); nodes.len()];
+    while let Some(joined) = set.join_next().await {
+        if let Ok((i, answer)) = joined {
+            out[i] = answer;
+        }
+    }
+    out
+}
+
+/// Delivers `reference` from `host` into the node containers of kind cluster `cluster`, which run
+/// on that host's daemon.
+pub(crate) async fn to_kind(
+    host: &AgentConn,
+    converge: &str,
+    cluster: &str,
+    reference: &str,
+    name: &str,
+    events: &Events,
+) -> Result<(), DeliverError> {
+    let id = host_image_id(host, converge, reference).await?;
+    let task = pb::KindLoadTask { reference: reference.into(), image_id: id, cluster: cluster.into() };
+    let loaded = match host.run(converge, pb::task::Kind::KindLoad(task), |_| {}).await? {
+        pb::task_result::Outcome::KindLoaded(k) => k,
+        _ => return Err(DeliverError::Failed(format!("host {} answered the kind load with something else", host.id))),
+    };
+    let message = match (loaded.loaded.len(), loaded.skipped.len()) {
+        (0, _) => format!("every node of kind cluster {cluster} already holds {reference}"),
+        (n, 0) => format!("{reference} to {n} node(s) of kind cluster {cluster}"),
+        (n, s) => format!("{reference} to {n} node(s) of kind cluster {cluster} ({s} already held it)"),
+    };
+    events.emit(EventKind::Delivered, Some(name), message);
+    Ok(())
+}
+
+/// The id of the image `reference` names on `host`; gone is a reason to rebuild.
+async fn host_image_id(host: &AgentConn, converge: &str, reference: &str) -> Result<String, DeliverError> {
+    let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: reference.into() });
+    match host.run(converge, inspect, |_| {}).await? {
+        pb::task_result::Outcome::Inspected(i) if i.present => Ok(i.id),
+        pb::task_result::Outcome::Inspected(_) => {
+            Err(DeliverError::Gone(format!("{reference} left host {} before its delivery", host.id)))
+        }
+        _ => Err(DeliverError::Failed(format!("host {} answered the inspect with something else", host.id))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_keys_differ_per_converge_and_fit_the_relay_alphabet() {
+        let id = "sha256:0123abcd";
+        let (a, b) = (relay_key(id, "c-1"), relay_key(id, "c-2"));
+        assert_ne!(a, b, "two converges delivering one image never share a spool file");
+        assert_eq!(a, "0123abcd-c-1");
+        assert!(relay_key(id, "../evil/").chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+}

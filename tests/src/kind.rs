@@ -1,0 +1,120 @@
+//! Fake kind nodes: no kind node image can be pulled here, so the harness builds one from the
+//! machine's Debian `containerd` package — a rootfs holding `/usr/bin/containerd`, `/usr/bin/ctr`
+//! and the shared libraries `ldd` lists for them, plus a containerd config — `docker import`s it,
+//! and runs it with CAP_SYS_ADMIN (kind runs nodes `--privileged`, which this machine's
+//! runtime refuses; overlayfs needs only that capability), labeled as kind labels its nodes, with command `containerd`.
+//!
+//! containerd's root is a tmpfs inside the container, so its overlayfs snapshotter never stacks
+//! overlay on the daemon's own overlay storage; the import kind runs (`--snapshotter=overlayfs`)
+//! then works as on a real node. Each [`KindNode`] is removed (`docker rm -f`) when dropped.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+
+const NODE_IMAGE: &str = "kiln-test/kind-node:containerd";
+const CONFIG: &str = "version = 2\nroot = \"/var/lib/containerd\"\nstate = \"/run/containerd\"\n\
+[grpc]\n  address = \"/run/containerd/containerd.sock\"\n\
+[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"overlayfs\"\n";
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The node image, built once per test process (and reused across processes by its tag).
+pub fn node_image() -> &'static str {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let exists = Command::new("docker").args(["image", "inspect", NODE_IMAGE]).output().unwrap();
+        if exists.status.success() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("rootfs");
+        for sub in ["etc/containerd", "run", "tmp", "var/lib/containerd", "usr/bin"] {
+            std::fs::create_dir_all(root.join(sub)).unwrap();
+        }
+        std::fs::write(root.join("etc/containerd/config.toml"), CONFIG).unwrap();
+        for bin in ["/usr/bin/containerd", "/usr/bin/ctr"] {
+            copy_into(&root, Path::new(bin));
+            for line in run(Command::new("ldd").arg(bin)).lines() {
+                // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or `/lib64/ld-linux-x86-64.so.2 (0x…)`
+                let path = line.split("=>").last().unwrap().split_whitespace().next().unwrap_or("");
+                if path.starts_with('/') {
+                    copy_into(&root, Path::new(path));
+                }
+            }
+        }
+        let tarball = dir.path().join("rootfs.tar");
+        run(Command::new("tar").arg("-C").arg(&root).arg("-cf").arg(&tarball).arg("."));
+        run(Command::new("docker").args(["import"]).arg(&tarball).arg(NODE_IMAGE));
+    });
+    NODE_IMAGE
+}
+
+fn copy_into(root: &Path, file: &Path) {
+    let dest = root.join(file.strip_prefix("/").unwrap());
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(file, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", file.display()));
+}
+
+/// One fake kind node container of a cluster.
+#[derive(Debug)]
+pub struct KindNode {
+    pub name: String,
+}
+
+impl KindNode {
+    /// Starts node `name` of kind cluster `cluster` and waits until its containerd answers.
+    pub fn start(cluster: &str, name: &str) -> KindNode {
+        let image = node_image();
+        run(Command::new("docker").args([
+            "run",
+            "-d",
+            // `--privileged` is refused in this environment (runc: "unable to apply caps"); the
+            // overlayfs mounts of an import need CAP_SYS_ADMIN only.
+            "--cap-add",
+            "SYS_ADMIN",
+            "--name",
+            name,
+            "--label",
+            &format!("io.x-k8s.kind.cluster={cluster}"),
+            "--label",
+            "io.x-k8s.kind.role=control-plane",
+            "--tmpfs",
+            "/var/lib/containerd:rw,exec",
+            "--tmpfs",
+            "/run:rw,exec",
+            image,
+            "/usr/bin/containerd",
+            "--config",
+            "/etc/containerd/config.toml",
+        ]));
+        let node = KindNode { name: name.to_string() };
+        for _ in 0..100 {
+            if Command::new("docker").args(["exec", name, "ctr", "version"]).output().is_ok_and(|o| o.status.success())
+            {
+                return node;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let logs = Command::new("docker").args(["logs", name]).output().unwrap();
+        panic!("containerd in kind node {name} never answered: {}", String::from_utf8_lossy(&logs.stderr));
+    }
+
+    /// `ctr -n k8s.io images ls -q` in the node: every ref its containerd holds.
+    pub fn refs(&self) -> Vec<String> {
+        run(Command::new("docker").args(["exec", &self.name, "ctr", "-n", "k8s.io", "images", "ls", "-q"]))
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for KindNode {
+    fn drop(&mut self) {
+        let _ = Command::new("docker").args(["rm", "-f", "-v", &self.name]).output();
+    }
+}

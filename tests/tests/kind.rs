@@ -1,0 +1,64 @@
+//! Delivery to a `kind` cluster without the kind binary, against the real Docker daemon and fake
+//! kind nodes (`kiln_e2e::kind`): containers labeled as kind labels its nodes, each running the
+//! Debian package's containerd.
+
+use kiln_e2e::fixture::{reference, unique, write};
+use kiln_e2e::kind::KindNode;
+use kiln_e2e::wire::{succeeded, up};
+use kiln_e2e::{docker, Farm};
+use kiln_proto::v1::converge_event::Kind;
+use std::path::{Path, PathBuf};
+
+fn instance(into: &Path, name: &str, cluster: &str) -> PathBuf {
+    let dir = into.join(name);
+    write(
+        &dir,
+        "kiln.toml",
+        &format!("instance = \"{name}\"\n\n[target]\nkind = \"kind\"\ncluster = \"{cluster}\"\n\n[built.web]\ncontext = \"web\"\n"),
+    );
+    write(&dir, "web/Dockerfile", "FROM scratch\nCOPY index.html /srv/index.html\n");
+    write(&dir, "web/index.html", &format!("<p>{}</p>\n", unique("kind")));
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_reaches_the_containerd_of_every_kind_node_and_a_second_delivery_skips_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = unique("kc");
+    let nodes = [
+        KindNode::start(&cluster, &format!("{cluster}-control-plane")),
+        KindNode::start(&cluster, &format!("{cluster}-worker")),
+    ];
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let dir = instance(tmp.path(), &unique("kinddel"), &cluster);
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let web = reference(&dir, "web");
+    let qualified = format!("docker.io/library/{web}");
+    for node in &nodes {
+        let refs = node.refs();
+        assert!(refs.contains(&qualified), "{} lists {qualified}: {refs:?}", node.name);
+        assert!(refs.iter().any(|r| r.starts_with("import-")), "the refs kind itself would create: {refs:?}");
+    }
+
+    // Forced: rebuilt from cache (the same id) and delivered again, to nodes that hold it.
+    let events = up(&farm.url, &dir, true).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert!(events.iter().any(|e| e.kind() == Kind::Delivered && e.message.contains("already holds")), "{events:#?}");
+    farm.stop().await;
+    docker::remove(&web);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_cluster_with_no_node_container_fails_the_converge_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let dir = instance(tmp.path(), &unique("kindnone"), "no-such-cluster");
+    let events = up(&farm.url, &dir, false).await;
+    assert!(!succeeded(&events));
+    let failed: String = events.iter().filter(|e| e.kind() == Kind::Failed).map(|e| e.message.clone()).collect();
+    assert!(failed.contains("kind cluster no-such-cluster"), "{failed}");
+    farm.stop().await;
+    docker::remove(&reference(&dir, "web"));
+}

@@ -204,6 +204,7 @@ impl Farm {
             coordinator: coordinator.url.clone(),
             agent_id: "bench-agent".to_string(),
             scratch_dir: home.join("scratch"),
+            cluster: String::new(),
         };
         let (agent_stop, stopped) = oneshot::channel::<()>();
         let host: Arc<dyn HostStore> = store.clone();

@@ -168,17 +168,8 @@ async fn list(ctx: &TaskContext, l: pb::ListTask) -> TaskResult {
         false => Vec::new(),
     };
     let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
-    let images = images
-        .into_iter()
-        .map(|i| pb::ListedImage {
-            id: i.id,
-            refs: i.refs,
-            digests: i.digests,
-            labels: i.labels.into_iter().collect(),
-            bytes: i.bytes,
-        })
-        .collect();
-    Ok(Outcome::Listing(pb::Listing { images, in_use, workloads_listed: l.workloads, removes_whole_ids: false }))
+    let Outcome::Listing(out) = listing(images) else { unreachable!("listing() builds a listing") };
+    Ok(Outcome::Listing(pb::Listing { in_use, workloads_listed: l.workloads, removes_whole_ids: false, ..out }))
 }
 
 async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
@@ -225,8 +216,7 @@ fn record(out: &mut pb::Removed, reference: String, result: Result<Removal, Host
     }
 }
 
-/// A node store's listing as the wire carries it (workloads and whole-id removal come with node
-/// sweeps).
+/// A store's images as the wire carries them; callers add what they know of workloads.
 pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
     let images = images
         .into_iter()

@@ -28,7 +28,7 @@ fn images(events: &[kiln::Event], kind: EventKind) -> Vec<String> {
 fn remove_tags(events: &[kiln::Event]) {
     for e in events.iter().filter(|e| e.kind == EventKind::Building) {
         let tag = e.message.split(" on ").next().unwrap();
-        let _ = std::process::Command::new("docker").args(["rmi", "--force", tag]).output();
+        let _ = std::process::Command::new("docker").args(["rmi", "--force", "--no-prune", tag]).output();
     }
 }
 

@@ -21,9 +21,10 @@ pub fn label(reference: &str, key: &str) -> Option<String> {
     (ok && !out.is_empty() && out != "<no value>").then_some(out)
 }
 
-/// Removes `reference` if present (test clean-up; delete-if-present).
+/// Removes `reference` if present (test clean-up; delete-if-present). Untagged parents stay: they
+/// may be the build cache another test's build is reading at this moment.
 pub fn remove(reference: &str) {
-    let _ = docker(&["rmi", "--force", reference]);
+    let _ = docker(&["rmi", "--force", "--no-prune", reference]);
 }
 
 /// Plants an unlabeled image wearing `reference`: a `docker import` of a one-file tar — exactly
@@ -50,7 +51,7 @@ pub fn plant_other_farm(reference: &str, farm: &str) -> String {
     .unwrap();
     let out = Command::new("docker")
         .env("DOCKER_BUILDKIT", "0")
-        .args(["build", "-q", "-t", reference])
+        .args(["build", "-q", "--no-cache", "-t", reference])
         .arg(dir.path())
         .output()
         .unwrap();
@@ -71,7 +72,9 @@ pub fn plant_labeled(references: &[&str], labels: &[(&str, &str)], content: &str
     }
     std::fs::write(dir.path().join("Dockerfile"), dockerfile).unwrap();
     let mut command = Command::new("docker");
-    command.env("DOCKER_BUILDKIT", "0").args(["build", "-q"]);
+    // No cache: a cached step's image may be removed by another test's clean-up mid-build, and
+    // the classic builder then fails with "unable to find image".
+    command.env("DOCKER_BUILDKIT", "0").args(["build", "-q", "--no-cache"]);
     for reference in references {
         command.args(["-t", reference]);
     }

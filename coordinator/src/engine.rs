@@ -347,13 +347,25 @@ impl Engine {
             no_cache: false,
         };
         let started = Instant::now();
-        let result = host
-            .run(id.as_str(), pb::task::Kind::Build(task), |p| {
-                if !p.log_line.is_empty() {
-                    events.emit(EventKind::BuildLog, Some(name), p.log_line);
+        let mut retried = false;
+        let result = loop {
+            let result = host
+                .run(id.as_str(), pb::task::Kind::Build(task.clone()), |p| {
+                    if !p.log_line.is_empty() {
+                        events.emit(EventKind::BuildLog, Some(name), p.log_line);
+                    }
+                })
+                .await;
+            // Docker's classic builder fails a step whose cached parent image was removed while
+            // it ran (another sweep or `docker rmi` on the same daemon). Once more builds it anew.
+            match &result {
+                Err(TaskFailure::Failed { message, .. }) if !retried && message.contains("unable to find image") => {
+                    retried = true;
+                    events.emit(EventKind::Note, Some(name), "a cached build step vanished mid-build; building again");
                 }
-            })
-            .await;
+                _ => break result,
+            }
+        };
         match result {
             Ok(pb::task_result::Outcome::Built(_)) => {
                 let secs = started.elapsed().as_secs_f64();

@@ -16,6 +16,7 @@ pub mod host;
 pub mod node;
 
 mod runner;
+pub mod stores;
 mod tasks;
 
 pub use runner::{node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError};

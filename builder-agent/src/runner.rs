@@ -155,29 +155,24 @@ enum Session {
     Broken { was_connected: bool, why: String },
 }
 
-/// The id this agent's host store is announced and addressed by.
-fn host_store_id(config: &AgentConfig) -> String {
-    format!("docker@{}", config.agent_id)
-}
-
-fn hello(config: &AgentConfig, served: &Served) -> pb::AgentMessage {
-    let (role, store) = match served {
-        Served::Host(_) => {
-            (pb::Role::Host, pb::StoreInfo { id: host_store_id(config), kind: pb::store_info::Kind::Host as i32 })
-        }
+/// The hello: who the agent is and the stores it holds now (`host_stores` for a host agent).
+fn hello(config: &AgentConfig, served: &Served, host_stores: Vec<pb::StoreInfo>) -> pb::AgentMessage {
+    let (role, stores) = match served {
+        Served::Host(_) => (pb::Role::Host, host_stores),
         Served::Node(node) => (
             pb::Role::Node,
-            pb::StoreInfo {
+            vec![pb::StoreInfo {
                 id: node_store_id(&config.agent_id, node.removal_mode()),
                 kind: pb::store_info::Kind::Node as i32,
-            },
+                cluster: config.cluster.clone(),
+            }],
         ),
     };
     pb::AgentMessage {
         body: Some(pb::agent_message::Body::Hello(pb::Hello {
             agent_id: config.agent_id.clone(),
             role: role as i32,
-            stores: vec![store],
+            stores,
             platforms: vec![PlatformSet::host().oci()],
             version: env!("CARGO_PKG_VERSION").to_string(),
             cluster: config.cluster.clone(),
@@ -210,7 +205,11 @@ async fn session(
         _ = &mut *shutdown => return Session::Stopped,
     };
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(256);
-    let _ = tx.send(hello(config, &served)).await;
+    let host_stores = match &served {
+        Served::Host(store) => crate::stores::host_stores(&config.agent_id, &**store).await,
+        Served::Node(_) => Vec::new(),
+    };
+    let _ = tx.send(hello(config, &served, host_stores.clone())).await;
     let mut client = pb::agent_hub_client::AgentHubClient::new(channel.clone());
     let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
@@ -230,7 +229,8 @@ async fn session(
     let dispatch = match served {
         Served::Host(store) => Dispatch::Host(Arc::new(tasks::TaskContext {
             store,
-            store_id: host_store_id(config),
+            agent_id: config.agent_id.clone(),
+            announced: std::sync::Mutex::new(host_stores),
             content: pb::content_store_client::ContentStoreClient::new(channel.clone()),
             relay: pb::image_relay_client::ImageRelayClient::new(channel),
             scratch: config.scratch_dir.clone(),
@@ -243,6 +243,8 @@ async fn session(
         })),
     };
     let mut beat = tokio::time::interval(heartbeat);
+    let mut refresh = tokio::time::interval(crate::stores::REFRESH);
+    refresh.tick().await;
     loop {
         tokio::select! {
             _ = &mut *shutdown => {
@@ -254,6 +256,12 @@ async fn session(
                 let hb = pb::Heartbeat { at_ms: 0 };
                 if tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(hb)) }).await.is_err() {
                     return broken(true, "outbound stream closed".to_string());
+                }
+            }
+            _ = refresh.tick() => {
+                if let Dispatch::Host(ctx) = &dispatch {
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move { crate::stores::announce(&ctx).await });
                 }
             }
             msg = inbound.message() => match msg {

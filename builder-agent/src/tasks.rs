@@ -3,6 +3,7 @@
 //! what failed — the agent's stream never breaks because one task did.
 
 use crate::host::{verify_context, BuildSpec, HostError, HostStore, Removal};
+use crate::stores::{resolve, Target};
 use kiln_core::digest::TreeDigest;
 use kiln_proto::v1 as pb;
 use pb::task_error::Kind as ErrorKind;
@@ -16,8 +17,9 @@ use tonic::transport::Channel;
 /// What every task shares: the store, the way back to the coordinator, a scratch directory.
 pub(crate) struct TaskContext {
     pub store: Arc<dyn HostStore>,
-    /// The host store's id, as the agent's hello announced it.
-    pub store_id: String,
+    pub agent_id: String,
+    /// The stores last announced to the coordinator (see `stores`).
+    pub announced: std::sync::Mutex<Vec<pb::StoreInfo>>,
     pub content: pb::content_store_client::ContentStoreClient<Channel>,
     /// Where an exported image goes on its way to node agents.
     pub relay: pb::image_relay_client::ImageRelayClient<Channel>,
@@ -43,7 +45,7 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
         Some(pb::task::Kind::KindLoad(k)) => kind_load(&ctx, k).await,
         Some(pb::task::Kind::Import(_)) => Err((
             ErrorKind::Unsupported,
-            format!("host agent on {} does not import — send imports to a node agent", ctx.store_id),
+            format!("host agent {} does not import — send imports to a node agent", ctx.agent_id),
         )),
         None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
@@ -150,17 +152,10 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
     }
 }
 
-/// A task naming a store this agent does not hold is refused as unsupported, not run against the
-/// host store: removals meant for a node's containerd must never reach the build host's Docker.
-fn check_store(ctx: &TaskContext, store: &str) -> Result<(), (ErrorKind, String)> {
-    if store.is_empty() || store == ctx.store_id {
-        return Ok(());
-    }
-    Err((ErrorKind::Unsupported, format!("this agent holds store {} only, not {store}", ctx.store_id)))
-}
-
 async fn list(ctx: &TaskContext, l: pb::ListTask) -> TaskResult {
-    check_store(ctx, &l.store)?;
+    if let Target::Kind(node) = resolve(ctx, &l.store).await? {
+        return crate::node::tasks::list(&*node, l).await;
+    }
     // Containers first: an image a container starts using between the two reads is then listed
     // (and kept by its tag's root, if any) rather than seen unused.
     let in_use = match l.workloads {
@@ -188,7 +183,9 @@ async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
 }
 
 async fn remove(ctx: &TaskContext, r: pb::RemoveTask) -> TaskResult {
-    check_store(ctx, &r.store)?;
+    if let Target::Kind(node) = resolve(ctx, &r.store).await? {
+        return crate::node::tasks::remove(&*node, r).await;
+    }
     let mut out = pb::Removed::default();
     // Every removal is tried: one failure is reported, never allowed to abandon the rest. Tags go
     // before ids, so an id whose last tag this task takes is already gone when its turn comes.
@@ -287,5 +284,7 @@ async fn kind_load(ctx: &TaskContext, k: pb::KindLoadTask) -> TaskResult {
         .kind_load(&k.cluster, &k.reference, &k.image_id)
         .await
         .map_err(|err| failed(kiln_core::error_chain(&err)))?;
+    // Before the answer, so a sweep that follows this delivery already sees the nodes it reached.
+    crate::stores::announce(ctx).await;
     Ok(Outcome::KindLoaded(pb::KindLoaded { loaded: load.loaded, skipped: load.skipped }))
 }

@@ -314,10 +314,31 @@ impl pb::kiln_server::Kiln for KilnService {
     }
 
     async fn images(&self, _request: Request<pb::ImagesRequest>) -> Result<Response<pb::ImagesReply>, Status> {
-        let mut stores = Vec::new();
+        // Every store of every agent, listed in parallel; answers keep agent then store order.
+        let mut listing = tokio::task::JoinSet::new();
+        let mut index = 0;
         for agent in self.engine.hub.connected() {
-            let outcome = agent.run("", pb::task::Kind::List(pb::ListTask::default()), |_| {}).await;
-            let store = agent.stores.first().map(|s| s.id.clone()).unwrap_or_else(|| agent.id.clone());
+            let stores = agent.stores();
+            // An agent that announced no store is still asked for its default one.
+            let ids: Vec<String> = match stores.is_empty() {
+                true => vec![String::new()],
+                false => stores.into_iter().map(|s| s.id).collect(),
+            };
+            for store in ids {
+                let agent = agent.clone();
+                listing.spawn(async move {
+                    let task = pb::ListTask { store: store.clone(), ..Default::default() };
+                    let outcome = agent.run("", pb::task::Kind::List(task), |_| {}).await;
+                    let store = if store.is_empty() { agent.id.clone() } else { store };
+                    (index, agent.id.clone(), store, outcome)
+                });
+                index += 1;
+            }
+        }
+        let mut answers = listing.join_all().await;
+        answers.sort_by_key(|(index, ..)| *index);
+        let mut stores = Vec::new();
+        for (_, agent, store, outcome) in answers {
             let (images, error) = match outcome {
                 Ok(pb::task_result::Outcome::Listing(l)) => (l.images, String::new()),
                 Ok(_) => (Vec::new(), "the agent answered the listing with something else".to_string()),
@@ -329,7 +350,7 @@ impl pb::kiln_server::Kiln for KilnService {
                     .unwrap_or_default();
                 let _ = self.engine.store.put_inventory(&store, json, now_ms()).await;
             }
-            stores.push(pb::StoreImages { store, agent: agent.id.clone(), images, error });
+            stores.push(pb::StoreImages { store, agent, images, error });
         }
         Ok(Response::new(pb::ImagesReply { stores }))
     }

@@ -41,7 +41,8 @@ impl std::fmt::Debug for Hub {
 pub struct AgentConn {
     pub id: String,
     pub role: AgentRole,
-    pub stores: Vec<pb::StoreInfo>,
+    /// What the hello announced, replaced by every later `Stores` message.
+    stores: Mutex<Vec<pb::StoreInfo>>,
     pub platforms: Vec<String>,
     pub version: String,
     /// Role node: the cluster it announced; a `nodes` target of that name delivers to it.
@@ -72,6 +73,22 @@ pub enum TaskFailure {
 impl AgentConn {
     pub fn is_host(&self) -> bool {
         matches!(self.role, AgentRole::Host | AgentRole::Both)
+    }
+
+    /// The stores the agent holds now, in the order it announced them.
+    pub fn stores(&self) -> Vec<pb::StoreInfo> {
+        self.stores.lock().unwrap().clone()
+    }
+
+    fn row(&self) -> AgentRow {
+        AgentRow {
+            id: AgentId(self.id.clone()),
+            role: self.role,
+            stores: self.stores().iter().map(|s| s.id.clone()).collect(),
+            platforms: self.platforms.clone(),
+            version: self.version.clone(),
+            last_seen_ms: now_ms(),
+        }
     }
 
     /// Sends one task and waits for its result, handing every progress message to `on_progress`.
@@ -125,6 +142,7 @@ impl AgentConn {
                     let _ = pending.done.send(r);
                 }
             }
+            Body::Stores(s) => *self.stores.lock().unwrap() = s.stores,
             Body::Heartbeat(_) | Body::Hello(_) | Body::GoingAway(_) => {}
         }
     }
@@ -230,7 +248,7 @@ impl pb::agent_hub_server::AgentHub for HubService {
         let conn = Arc::new(AgentConn {
             id: hello.agent_id.clone(),
             role,
-            stores: hello.stores.clone(),
+            stores: Mutex::new(hello.stores.clone()),
             platforms: hello.platforms.clone(),
             version: hello.version.clone(),
             cluster: hello.cluster.clone(),
@@ -239,15 +257,7 @@ impl pb::agent_hub_server::AgentHub for HubService {
             last_seen_ms: AtomicU64::new(now_ms()),
             next_task: AtomicU64::new(1),
         });
-        let row = AgentRow {
-            id: AgentId(conn.id.clone()),
-            role,
-            stores: conn.stores.iter().map(|s| s.id.clone()).collect(),
-            platforms: conn.platforms.clone(),
-            version: conn.version.clone(),
-            last_seen_ms: now_ms(),
-        };
-        if let Err(err) = hub.store.upsert_agent(row).await {
+        if let Err(err) = hub.store.upsert_agent(conn.row()).await {
             tracing::warn!(agent = %conn.id, error = %err, "could not record agent");
         }
         hub.register(conn.clone());
@@ -262,6 +272,14 @@ impl pb::agent_hub_server::AgentHub for HubService {
                             Some(pb::agent_message::Body::GoingAway(bye)) => {
                                 tracing::info!(agent = %conn.id, reason = %bye.reason, "agent going away");
                                 break;
+                            }
+                            Some(pb::agent_message::Body::Stores(stores)) => {
+                                let ids: Vec<&str> = stores.stores.iter().map(|s| s.id.as_str()).collect();
+                                tracing::info!(agent = %conn.id, stores = ?ids, "agent's stores changed");
+                                conn.deliver(pb::agent_message::Body::Stores(stores));
+                                if let Err(err) = hub.store.upsert_agent(conn.row()).await {
+                                    tracing::warn!(agent = %conn.id, error = %err, "could not record agent");
+                                }
                             }
                             Some(body) => conn.deliver(body),
                             // A message kind from a newer agent: ignored, as the proto promises.

@@ -104,12 +104,31 @@ impl KindNode {
         panic!("containerd in kind node {name} never answered: {}", String::from_utf8_lossy(&logs.stderr));
     }
 
-    /// `ctr -n k8s.io images ls -q` in the node: every ref its containerd holds.
-    pub fn refs(&self) -> Vec<String> {
-        run(Command::new("docker").args(["exec", &self.name, "ctr", "-n", "k8s.io", "images", "ls", "-q"]))
+    /// `ctr -n k8s.io <args>` in the node, its stdout by line.
+    pub fn ctr(&self, args: &[&str]) -> Vec<String> {
+        run(Command::new("docker").args(["exec", &self.name, "ctr", "-n", "k8s.io"]).args(args))
             .lines()
             .map(str::to_string)
             .collect()
+    }
+
+    /// `ctr -n k8s.io images ls -q` in the node: every ref its containerd holds.
+    pub fn refs(&self) -> Vec<String> {
+        self.ctr(&["images", "ls", "-q"])
+    }
+
+    /// Every blob digest the node's containerd holds.
+    pub fn content(&self) -> Vec<String> {
+        self.ctr(&["content", "ls", "-q"])
+    }
+
+    /// `docker save` of `reference` on the host, imported into the node as `kind load` does.
+    pub fn load(&self, reference: &str) {
+        let save = format!(
+            "docker save {reference} | docker exec -i {} ctr -n k8s.io images import --digests --snapshotter=overlayfs -",
+            self.name
+        );
+        run(Command::new("sh").args(["-c", &save]));
     }
 }
 

@@ -120,6 +120,9 @@ impl HostStore for Counting {
     ) -> Result<kiln_agent::host::KindLoad, HostError> {
         self.inner.kind_load(cluster, reference, id).await
     }
+    async fn kind_nodes(&self) -> Result<Vec<kiln_agent::host::KindNode>, HostError> {
+        self.inner.kind_nodes().await
+    }
     async fn export(&self, reference: &str) -> Result<kiln_agent::host::ExportStream, HostError> {
         self.exports.fetch_add(1, Ordering::Relaxed);
         self.inner.export(reference).await

@@ -135,6 +135,9 @@ impl HostStore for CountingStore {
     ) -> Result<kiln_agent::host::KindLoad, HostError> {
         self.inner.kind_load(cluster, reference, id).await
     }
+    async fn kind_nodes(&self) -> Result<Vec<kiln_agent::host::KindNode>, HostError> {
+        self.inner.kind_nodes().await
+    }
     async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
         self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.images_in_use().await

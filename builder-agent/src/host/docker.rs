@@ -41,6 +41,8 @@ pub struct DockerStore {
     pub(super) docker: Docker,
     pub(super) builder: Docker,
     endpoint: Endpoint,
+    /// Connections to the containerd of kind node containers on this daemon.
+    pub(super) kind_reach: super::kind::Reach,
 }
 
 impl DockerStore {
@@ -60,7 +62,7 @@ impl DockerStore {
         let docker = Docker::connect_with_host(host).map_err(unreachable)?.with_timeout(ANSWER_TIMEOUT);
         let docker = docker.negotiate_version().await.map_err(unreachable)?;
         let builder = docker.clone().with_timeout(BUILD_ANSWER_TIMEOUT);
-        Ok(DockerStore { host: host.to_string(), docker, builder, endpoint })
+        Ok(DockerStore { host: host.to_string(), docker, builder, endpoint, kind_reach: Default::default() })
     }
 
     /// The address this store talks to, as given.
@@ -89,6 +91,10 @@ fn is_not_found(err: &DockerError) -> bool {
 impl HostStore for DockerStore {
     async fn kind_load(&self, cluster: &str, reference: &str, id: &str) -> Result<super::KindLoad, HostError> {
         self.load_into_kind(cluster, reference, id).await
+    }
+
+    async fn kind_nodes(&self) -> Result<Vec<super::KindNode>, HostError> {
+        self.kind_nodes_of(None).await
     }
 
     async fn export(&self, reference: &str) -> Result<super::ExportStream, HostError> {

@@ -21,7 +21,7 @@ mod verify;
 
 pub use docker::DockerStore;
 pub use error::HostError;
-pub use kind::{KindLoad, KIND_CLUSTER_LABEL};
+pub use kind::{KindLoad, KindNode, KIND_CLUSTER_LABEL};
 pub use verify::verify_context;
 
 /// The name under which a Dockerfile that lives outside the context travels in the archive sent to
@@ -148,6 +148,13 @@ pub trait HostStore: Send + Sync {
     /// containerd of every node container of kind cluster `cluster` on this daemon that does not
     /// already name image `id` under the ref, in parallel.
     async fn kind_load(&self, cluster: &str, reference: &str, id: &str) -> Result<KindLoad, HostError>;
+
+    /// Every kind node container on this daemon, each with its containerd as a node store the
+    /// sweep lists and removes from like a node agent's. None by default: a daemon without kind
+    /// clusters, or a simulated store.
+    async fn kind_nodes(&self) -> Result<Vec<KindNode>, HostError> {
+        Ok(Vec::new())
+    }
 
     /// The image wearing exactly `tag`, if it was built by `farm` (DESIGN.md "The converge", step
     /// 3). A failed inspect reads as "holds nothing": the converge then builds, which is always

@@ -44,7 +44,7 @@ pub(crate) async fn execute(ctx: Arc<NodeContext>, task: pb::Task) {
     answer(&ctx.out, task.task_id, result).await;
 }
 
-async fn list(store: &dyn NodeStore, l: pb::ListTask) -> TaskResult {
+pub(crate) async fn list(store: &dyn NodeStore, l: pb::ListTask) -> TaskResult {
     // Containers first: an image a container starts using between the two reads is then listed
     // and kept, rather than seen unused.
     let in_use = match l.workloads {
@@ -81,14 +81,14 @@ async fn import(ctx: &NodeContext, i: pb::ImportTask) -> TaskResult {
     Ok(Outcome::Imported(pb::Imported { skipped: false, bytes: imported.bytes }))
 }
 
-async fn remove(store: &dyn NodeStore, r: pb::RemoveTask) -> TaskResult {
+pub(crate) async fn remove(store: &dyn NodeStore, r: pb::RemoveTask) -> TaskResult {
     let mut out = pb::Removed::default();
     // Every removal is tried: one failure is reported, never allowed to abandon the rest.
     for reference in r.references {
         match store.remove_ref(&reference).await {
             Ok(Removal::Removed) => out.removed.push(reference),
             Ok(Removal::Absent) => out.absent.push(reference),
-            Err(err) => out.failed.push(format!("{reference}: {}", chain(&err))),
+            Err(err) => failure(&mut out, reference, chain(&err)),
         }
     }
     // Whole ids: a nameless image, or on a CRI-only node an image every name of which is garbage
@@ -97,11 +97,16 @@ async fn remove(store: &dyn NodeStore, r: pb::RemoveTask) -> TaskResult {
         match store.remove_ref(&id).await {
             Ok(Removal::Removed) => out.removed.push(id),
             Ok(Removal::Absent) => out.absent.push(id),
-            Err(err) => out.failed.push(format!("{id}: {}", chain(&err))),
+            Err(err) => failure(&mut out, id, chain(&err)),
         }
     }
     confirm(store, &mut out).await;
     Ok(Outcome::Removed(out))
+}
+
+fn failure(out: &mut pb::Removed, reference: String, reason: String) {
+    out.failed.push(format!("{reference}: {reason}"));
+    out.failures.push(pb::RemovalFailure { reference, reason });
 }
 
 /// Moves every ref reported removed that the store still lists to `failed`.
@@ -129,6 +134,6 @@ async fn confirm(store: &dyn NodeStore, out: &mut pb::Removed) {
     out.removed = gone;
     for reference in back {
         tracing::warn!(store = %store.describe(), %reference, "removed, yet listed again");
-        out.failed.push(format!("{reference}: still listed after its removal — the next sweep retries it"));
+        failure(out, reference, "still listed after its removal — the next sweep retries it".to_string());
     }
 }

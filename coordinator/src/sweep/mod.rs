@@ -9,9 +9,10 @@
 //! be planned away). Reading the roots first would leave a window in which a converge claims and
 //! builds a ref after the read but before the listing, and the sweep would take it.
 //!
-//! Stores are whatever the agents announced in their hello: today host stores (Docker); node
-//! stores (containerd) are listed and swept through the same tasks, addressed by store id, and the
-//! planner gives them the grace generation and CRI's whole-id rule.
+//! Stores are whatever the agents announced (in their hello, or a later `Stores` message): host
+//! stores (Docker), node agents' stores (containerd or CRI), and the containerd of every kind node
+//! container a host agent reaches. All are listed and swept through the same tasks, addressed by
+//! store id, and the planner gives node stores the grace generation and CRI's whole-id rule.
 
 mod report;
 mod roots;
@@ -213,7 +214,7 @@ pub(crate) async fn sweep(
 fn held_stores(agents: &[Arc<AgentConn>]) -> Vec<Held> {
     let mut held = Vec::new();
     for agent in agents {
-        for info in &agent.stores {
+        for info in &agent.stores() {
             let kind = match info.kind() {
                 pb::store_info::Kind::Node => StoreKind::Node,
                 // An agent that does not say is an older host agent: its one store is its daemon.

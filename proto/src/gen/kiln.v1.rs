@@ -591,7 +591,7 @@ pub struct RelayGetRequest {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AgentMessage {
-    #[prost(oneof = "agent_message::Body", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "agent_message::Body", tags = "1, 2, 3, 4, 5, 6")]
     pub body: ::core::option::Option<agent_message::Body>,
 }
 /// Nested message and enum types in `AgentMessage`.
@@ -609,7 +609,18 @@ pub mod agent_message {
         Result(super::TaskResult),
         #[prost(message, tag = "5")]
         GoingAway(super::GoingAway),
+        #[prost(message, tag = "6")]
+        Stores(super::Stores),
     }
+}
+/// The stores an agent holds now, replacing the list its hello (or its last `Stores`) gave: a host
+/// agent's kind node containers come and go while it stays connected.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Stores {
+    /// NextId: 2
+    #[prost(message, repeated, tag = "1")]
+    pub stores: ::prost::alloc::vec::Vec<StoreInfo>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -636,9 +647,14 @@ pub struct Hello {
 pub struct StoreInfo {
     #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
-    /// NextId: 3
     #[prost(enumeration = "store_info::Kind", tag = "2")]
     pub kind: i32,
+    /// A node store's cluster: a node agent's `--cluster`, or the kind cluster of a kind node
+    /// container a host agent reaches. Empty for a host store.
+    ///
+    /// NextId: 4
+    #[prost(string, tag = "3")]
+    pub cluster: ::prost::alloc::string::String,
 }
 /// Nested message and enum types in `StoreInfo`.
 pub mod store_info {

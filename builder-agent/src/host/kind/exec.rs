@@ -1,94 +1,23 @@
-//! Loading an image into a kind cluster without the `kind` binary: what `kind load docker-image`
-//! does, done through the Docker Engine API.
-//!
-//! kind's nodes are containers on this host's daemon, labeled `io.x-k8s.kind.cluster=<name>`, each
-//! running its own containerd. One `docker save` stream is read once and fanned out, chunk by
-//! chunk, into a `ctr --namespace=k8s.io images import … -` exec in every node that lacks the
-//! image — so memory holds a few chunks whatever the image's size, and the slowest node paces
-//! the rest. A node that already names the image id under the ref is skipped: asking costs two
-//! tiny execs, where kind re-imports every time (kind#2413).
+//! The fallback path into a kind node: `docker exec` of the `ctr` every kind node ships. Used to
+//! import (the same command kind runs, so the same refs appear) and, where the node's containerd
+//! cannot be reached directly (see `nodes`), to ask whether the node already holds an image.
 
-use super::{DockerStore, HostError};
+use super::kind_error;
+use crate::host::{DockerStore, HostError};
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::query_parameters::ListContainersOptionsBuilder;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use std::collections::HashMap;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
-
-/// The label kind puts on every node container of a cluster.
-pub const KIND_CLUSTER_LABEL: &str = "io.x-k8s.kind.cluster";
 
 /// The import kind itself runs on a node (so the same refs appear: the named one and
 /// `import-<date>@sha256:…`).
 const IMPORT: [&str; 8] =
     ["ctr", "--namespace=k8s.io", "images", "import", "--all-platforms", "--digests", "--snapshotter=overlayfs", "-"];
 
-/// What a load did, by node container name.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct KindLoad {
-    pub loaded: Vec<String>,
-    pub skipped: Vec<String>,
-}
-
 impl DockerStore {
-    /// The running node containers of kind cluster `cluster`, by name, sorted.
-    pub async fn kind_nodes(&self, cluster: &str) -> Result<Vec<String>, HostError> {
-        let filters = HashMap::from([("label".to_string(), vec![format!("{KIND_CLUSTER_LABEL}={cluster}")])]);
-        let options = ListContainersOptionsBuilder::default().filters(&filters).build();
-        let containers = self
-            .docker
-            .list_containers(Some(options))
-            .await
-            .map_err(|err| self.daemon_error("list containers", cluster, err))?;
-        let mut names: Vec<String> = containers
-            .into_iter()
-            .filter_map(|c| c.names.and_then(|n| n.into_iter().next()))
-            .map(|n| n.trim_start_matches('/').to_string())
-            .collect();
-        names.sort();
-        Ok(names)
-    }
-
-    /// Loads `reference` (image `id`) into every node of kind cluster `cluster` that lacks it.
-    pub(super) async fn load_into_kind(&self, cluster: &str, reference: &str, id: &str) -> Result<KindLoad, HostError> {
-        let nodes = self.kind_nodes(cluster).await?;
-        if nodes.is_empty() {
-            return Err(HostError::NoKindNodes { cluster: cluster.to_string() });
-        }
-        let qualified = kiln_core::refs::ImageRef::parse(reference)
-            .map(|r| r.normalized())
-            .unwrap_or_else(|_| reference.to_string());
-        let checks = futures_util::future::join_all(nodes.iter().map(|n| self.node_holds(n, &qualified, id))).await;
-        let mut load = KindLoad::default();
-        let mut lacking = Vec::new();
-        for (node, held) in nodes.into_iter().zip(checks) {
-            if held? {
-                load.skipped.push(node);
-            } else {
-                lacking.push(node);
-            }
-        }
-        if lacking.is_empty() {
-            return Ok(load);
-        }
-        self.stream_into(&lacking, reference).await?;
-        for node in &lacking {
-            if !self.node_holds(node, &qualified, id).await? {
-                return Err(HostError::KindImport {
-                    node: node.clone(),
-                    reference: reference.to_string(),
-                    why: format!("the import finished, yet the node does not name {id} under {qualified}"),
-                });
-            }
-        }
-        load.loaded = lacking;
-        Ok(load)
-    }
-
     /// Whether kind node `node` names image `id` under `qualified`: the ref's manifest's config.
-    async fn node_holds(&self, node: &str, qualified: &str, id: &str) -> Result<bool, HostError> {
+    pub(super) async fn exec_holds(&self, node: &str, qualified: &str, id: &str) -> Result<bool, HostError> {
         let filter = format!("name=={qualified}");
         let (code, out, err) = self.exec(node, &["ctr", "--namespace=k8s.io", "images", "ls", &filter], None).await?;
         if code != 0 {
@@ -112,7 +41,7 @@ impl DockerStore {
     }
 
     /// One `docker save` of `reference`, fanned out into an import exec per node, in parallel.
-    async fn stream_into(&self, nodes: &[String], reference: &str) -> Result<(), HostError> {
+    pub(super) async fn stream_into(&self, nodes: &[String], reference: &str) -> Result<(), HostError> {
         let mut senders = Vec::new();
         let mut imports = Vec::new();
         for node in nodes {
@@ -121,7 +50,7 @@ impl DockerStore {
             imports.push(self.exec(node, &IMPORT, Some(rx)));
         }
         let pump = async {
-            let mut archive = super::HostStore::export(self, reference).await?;
+            let mut archive = crate::host::HostStore::export(self, reference).await?;
             while let Some(chunk) = archive.next().await {
                 let chunk = chunk?;
                 // A node whose import died stops taking chunks; the others go on, and its exit code
@@ -199,8 +128,4 @@ impl DockerStore {
         let code = inspected.exit_code.unwrap_or(-1);
         Ok((code, String::from_utf8_lossy(&out).into_owned(), String::from_utf8_lossy(&err).trim().to_string()))
     }
-}
-
-fn kind_error(node: &str, reference: &str, why: String) -> HostError {
-    HostError::KindImport { node: node.to_string(), reference: reference.to_string(), why }
 }

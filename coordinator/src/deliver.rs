@@ -93,7 +93,8 @@ pub(crate) async fn to_nodes(
     }
 
     let key = relay_key(&id, converge);
-    let result = export_and_import(host, &lacking, converge, reference, &id, &key, events, name).await;
+    relay.expect(&key);
+    let result = export_and_import(host, relay, &lacking, converge, reference, &id, &key, events, name).await;
     relay.discard(&key).await;
     let answers = result?;
     for (node, answer) in lacking.iter().zip(answers) {
@@ -127,9 +128,13 @@ fn relay_key(id: &str, converge: &str) -> String {
     format!("{}-{}", clean(id.trim_start_matches("sha256:")), clean(converge))
 }
 
+/// Exports once and imports on every lacking node at the same time: the nodes read the relay's
+/// spool while the host still writes it. An export that fails ends the readers with its reason,
+/// and is the failure reported, since every import failed only because of it.
 #[allow(clippy::too_many_arguments)]
 async fn export_and_import(
     host: &AgentConn,
+    relay: &Relay,
     lacking: &[Arc<AgentConn>],
     converge: &str,
     reference: &str,
@@ -140,13 +145,23 @@ async fn export_and_import(
 ) -> Result<Vec<Result<bool, String>>, DeliverError> {
     events.emit(EventKind::Pushing, Some(name), format!("exporting {reference} from {}", host.id));
     let export = pb::ExportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
-    let bytes = match host.run(converge, pb::task::Kind::Export(export), |_| {}).await? {
+    let exporting = async {
+        let exported = host.run(converge, pb::task::Kind::Export(export), |_| {}).await;
+        match &exported {
+            Ok(pb::task_result::Outcome::Exported(_)) => {}
+            Ok(_) => relay.fail(key, "the host answered the export with something else"),
+            Err(err) => relay.fail(key, &err.to_string()),
+        }
+        exported
+    };
+    let import = pb::ImportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
+    let (exported, answers) = tokio::join!(exporting, on_nodes(lacking, converge, import));
+    let bytes = match exported? {
         pb::task_result::Outcome::Exported(e) => e.bytes,
         _ => return Err(DeliverError::Failed(format!("host {} answered the export with something else", host.id))),
     };
     events.emit(EventKind::Pushed { bytes }, Some(name), format!("to {} node(s)", lacking.len()));
-    let import = pb::ImportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
-    Ok(on_nodes(lacking, converge, import).await)
+    Ok(answers)
 }
 
 /// Runs `task` on every node in parallel; per node: whether it skipped (already held), or why it

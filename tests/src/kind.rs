@@ -1,6 +1,7 @@
 //! Fake kind nodes: no kind node image can be pulled here, so the harness builds one from the
 //! machine's Debian `containerd` package — a rootfs holding `/usr/bin/containerd`, `/usr/bin/ctr`
-//! and the shared libraries `ldd` lists for them, plus a containerd config — `docker import`s it,
+//! and the shared libraries `ldd` lists for them, a static busybox, plus a containerd config —
+//! `docker import`s it,
 //! and runs it with CAP_SYS_ADMIN (kind runs nodes `--privileged`, which this machine's
 //! runtime refuses; overlayfs needs only that capability), labeled as kind labels its nodes, with command `containerd`.
 //!
@@ -12,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
 
-const NODE_IMAGE: &str = "kiln-test/kind-node:containerd";
+const NODE_IMAGE: &str = "kiln-test/kind-node:containerd-2";
 const CONFIG: &str = "version = 2\nroot = \"/var/lib/containerd\"\nstate = \"/run/containerd\"\n\
 [grpc]\n  address = \"/run/containerd/containerd.sock\"\n\
 [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n  snapshotter = \"overlayfs\"\n";
@@ -37,6 +38,10 @@ pub fn node_image() -> &'static str {
             std::fs::create_dir_all(root.join(sub)).unwrap();
         }
         std::fs::write(root.join("etc/containerd/config.toml"), CONFIG).unwrap();
+        std::fs::write(root.join("etc/containerd/hidden.toml"), CONFIG.replace("containerd.sock", "real.sock"))
+            .unwrap();
+        // busybox (static: no libraries) lets a test reshape a node's /run (see `start_hidden`).
+        copy_into(&root, Path::new("/bin/busybox"));
         for bin in ["/usr/bin/containerd", "/usr/bin/ctr"] {
             copy_into(&root, Path::new(bin));
             for line in run(Command::new("ldd").arg(bin)).lines() {
@@ -69,6 +74,23 @@ pub struct KindNode {
 impl KindNode {
     /// Starts node `name` of kind cluster `cluster` and waits until its containerd answers.
     pub fn start(cluster: &str, name: &str) -> KindNode {
+        KindNode::start_at(cluster, name, "/etc/containerd/config.toml")
+    }
+
+    /// A node whose containerd the host agent cannot reach through `/proc/<pid>/root`, as when the
+    /// agent runs in another PID namespace: containerd listens on `real.sock` and the usual path is an
+    /// absolute symlink to it, which resolves inside the container (for `docker exec ctr`) but not
+    /// through `/proc` from the host.
+    pub fn start_hidden(cluster: &str, name: &str) -> KindNode {
+        let node = KindNode::start_at(cluster, name, "/etc/containerd/hidden.toml");
+        let link =
+            ["exec", name, "/bin/busybox", "ln", "-s", "/run/containerd/real.sock", "/run/containerd/containerd.sock"];
+        run(Command::new("docker").args(link));
+        node.wait_for_ctr();
+        node
+    }
+
+    fn start_at(cluster: &str, name: &str, config: &str) -> KindNode {
         let image = node_image();
         run(Command::new("docker").args([
             "run",
@@ -90,18 +112,34 @@ impl KindNode {
             image,
             "/usr/bin/containerd",
             "--config",
-            "/etc/containerd/config.toml",
+            config,
         ]));
         let node = KindNode { name: name.to_string() };
+        if config.ends_with("hidden.toml") {
+            // Its socket is not where `ctr` looks until `start_hidden` links it; wait for the file.
+            for _ in 0..100 {
+                let probe = ["exec", name, "/bin/busybox", "test", "-S", "/run/containerd/real.sock"];
+                if Command::new("docker").args(probe).output().is_ok_and(|o| o.status.success()) {
+                    return node;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        } else {
+            node.wait_for_ctr();
+        }
+        node
+    }
+
+    fn wait_for_ctr(&self) {
         for _ in 0..100 {
-            if Command::new("docker").args(["exec", name, "ctr", "version"]).output().is_ok_and(|o| o.status.success())
-            {
-                return node;
+            let probe = ["exec", &self.name, "ctr", "version"];
+            if Command::new("docker").args(probe).output().is_ok_and(|o| o.status.success()) {
+                return;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        let logs = Command::new("docker").args(["logs", name]).output().unwrap();
-        panic!("containerd in kind node {name} never answered: {}", String::from_utf8_lossy(&logs.stderr));
+        let logs = Command::new("docker").args(["logs", &self.name]).output().unwrap();
+        panic!("containerd in kind node {} never answered: {}", self.name, String::from_utf8_lossy(&logs.stderr));
     }
 
     /// `ctr -n k8s.io <args>` in the node, its stdout by line.

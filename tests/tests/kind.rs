@@ -4,7 +4,7 @@
 
 use kiln_e2e::fixture::{reference, unique, write};
 use kiln_e2e::kind::KindNode;
-use kiln_e2e::wire::{succeeded, up};
+use kiln_e2e::wire::{gc, succeeded, up};
 use kiln_e2e::{docker, Farm};
 use kiln_proto::v1::converge_event::Kind;
 use std::path::{Path, PathBuf};
@@ -61,4 +61,32 @@ async fn a_kind_cluster_with_no_node_container_fails_the_converge_naming_it() {
     assert!(failed.contains("kind cluster no-such-cluster"), "{failed}");
     farm.stop().await;
     docker::remove(&reference(&dir, "web"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kind_node_out_of_direct_reach_is_loaded_through_docker_exec_and_reported_not_swept() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cluster = unique("kh");
+    let node = KindNode::start_hidden(&cluster, &format!("{cluster}-control-plane"));
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let dir = instance(tmp.path(), &unique("kindhidden"), &cluster);
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let web = reference(&dir, "web");
+    assert!(node.refs().contains(&format!("docker.io/library/{web}")), "{:?}", node.refs());
+    // The holds check falls back to `docker exec ctr` and still sees the image there.
+    let events = up(&farm.url, &dir, true).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert!(events.iter().any(|e| e.kind() == Kind::Delivered && e.message.contains("already holds")), "{events:#?}");
+
+    let events = gc(&farm.url, false, None).await;
+    let store = kiln_agent::stores::kind_store_id("e2e-agent", &node.name);
+    let note = events
+        .iter()
+        .find(|e| e.kind() == Kind::Note && e.message.contains(&store))
+        .unwrap_or_else(|| panic!("no note about {store}: {events:#?}"));
+    assert!(note.message.contains("not swept") && note.message.contains("cannot reach the containerd"), "{note:#?}");
+    farm.stop().await;
+    docker::remove(&web);
 }

@@ -102,7 +102,25 @@ impl DockerStore {
                 return Ok(Arc::new(store.clone()));
             }
         }
-        let socket = PathBuf::from(format!("/proc/{pid}/root")).join(NODE_SOCKET);
+        // A pid the daemon reports is only this machine's pid when the daemon runs here and the agent
+        // shares its PID namespace; otherwise `/proc/<pid>` is some other process, and its socket
+        // some other containerd. So: a local daemon only, and the root must be the node's own.
+        if !self.host().starts_with("unix://") {
+            return Err(format!(
+                "the Docker daemon at {} is not on this machine, so kind node {name}'s containerd is out of the                  agent's reach — run a host agent on that machine",
+                self.host()
+            ));
+        }
+        let root = PathBuf::from(format!("/proc/{pid}/root"));
+        let hostname = inspected.config.and_then(|c| c.hostname).unwrap_or_default();
+        let seen = std::fs::read_to_string(root.join("etc/hostname")).unwrap_or_default();
+        if hostname.is_empty() || seen.trim() != hostname {
+            return Err(format!(
+                "kind node {name} runs as pid {pid} by the daemon's count, but /proc/{pid} here is not that                  container (its hostname reads {:?}, not {hostname:?}) — the agent must share the daemon's PID                  namespace, as root on the daemon's machine",
+                seen.trim()
+            ));
+        }
+        let socket = root.join(NODE_SOCKET);
         let store = ContainerdStore::connect(&socket, K8S_NAMESPACE).await.map_err(|err| {
             format!(
                 "cannot reach the containerd of kind node {name} at {}: {} — the agent reaches it only as root on \

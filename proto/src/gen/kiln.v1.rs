@@ -830,7 +830,8 @@ pub struct ListTask {
     /// roots; a converge's "held" check does not.
     #[prost(bool, tag = "1")]
     pub workloads: bool,
-    /// The store to list, as `Hello.stores` named it; empty: the agent's host store.
+    /// The store to list, as the agent announced it (`Hello.stores`, or its latest `Stores`); empty:
+    /// the agent's host store.
     ///
     /// NextId: 3
     #[prost(string, tag = "2")]
@@ -850,7 +851,8 @@ pub struct RemoveTask {
     /// Refs to untag, exactly as the store listed them.
     #[prost(string, repeated, tag = "1")]
     pub references: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
-    /// The store, as `Hello.stores` named it; empty: the agent's host store.
+    /// The store, as the agent announced it (`Hello.stores`, or its latest `Stores`); empty: the
+    /// agent's host store.
     #[prost(string, tag = "2")]
     pub store: ::prost::alloc::string::String,
     /// Whole images to remove by id (`sha256:…`): an image that wears no ref, or, on a node reached

@@ -19,7 +19,8 @@ async fn a_build_streams_its_log_and_stamps_all_four_labels() {
     let (built, log) = build(&store, &ctx.archive, &BuildSpec { labels: labels.clone(), ..spec(&tag) }).await;
     let built = built.unwrap();
 
-    assert!(log.iter().any(|l| l.starts_with("Step ") && l.contains("COPY hello.txt /")), "{log:#?}");
+    // BuildKit's log: steps numbered as `docker build` prints them (`#3 [1/1] COPY …`).
+    assert!(log.iter().any(|l| l.starts_with('#') && l.contains("COPY hello.txt /")), "{log:#?}");
     let info = store.inspect(&tag).await.unwrap().expect("the tag exists after the build");
     assert_eq!(info.id, built.id);
     assert!(info.repo_tags.contains(&tag), "{:?}", info.repo_tags);
@@ -103,12 +104,29 @@ async fn a_failing_build_names_its_step_and_leaves_no_tag() {
     match built {
         Err(HostError::BuildFailed { tag: failed, step }) => {
             assert_eq!(failed, tag);
-            assert!(step.starts_with("Step 2/3 : COPY missing /"), "{step}");
-            assert!(step.contains("file not found"), "{step}");
+            assert!(step.starts_with("[1/2] COPY missing /"), "{step}");
+            assert!(step.contains("not found"), "{step}");
         }
         other => panic!("expected BuildFailed, got {other:?}"),
     }
     assert_eq!(store.inspect(&tag).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_dockerignore_naming_the_dockerfile_keeps_it_out_of_the_image_through_the_classic_builder() {
+    let (store, cleanup) = (store().await, Cleanup::default());
+    // BuildKit ignores `.dockerignore` for a context sent as the request body, and the Dockerfile
+    // and `.dockerignore` always travel: such a build must go to the classic builder.
+    let ctx = context(&[
+        ("Dockerfile", "FROM scratch\nCOPY . /ctx\n"),
+        (".dockerignore", "Dockerfile\n.dockerignore\n"),
+        ("a.txt", "a"),
+    ]);
+    let tag = cleanup.tag(format!("{}:1", unique("ignoresdf")));
+    let (built, log) = build(&store, &ctx.archive, &spec(&tag)).await;
+    built.unwrap();
+    assert!(log.iter().any(|l| l.starts_with("Step ")), "the classic builder's log: {log:#?}");
+    assert_eq!(image_files(&tag).await, ["ctx".to_string(), "ctx/a.txt".to_string()].into());
 }
 
 #[tokio::test]

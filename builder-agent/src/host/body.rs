@@ -37,6 +37,12 @@ pub(super) struct BuildBody {
     tail: Vec<u8>,
     /// The Dockerfile path to name in the request.
     pub(super) dockerfile: String,
+    /// Whether BuildKit would see exactly what the classic builder sees. BuildKit applies no
+    /// `.dockerignore` to a context sent as the request body, and the archive already leaves out
+    /// what it ignores — except the Dockerfile and `.dockerignore`, which always travel. So the two
+    /// agree unless `.dockerignore` names either of those, or the Dockerfile came from outside
+    /// (its file and the `.dockerignore` hiding it are appended).
+    pub(super) buildkit_sees_the_same: bool,
 }
 
 impl BuildBody {
@@ -47,15 +53,23 @@ impl BuildBody {
         let file = File::open(archive).map_err(unreadable)?;
         let Some(outside) = outside else {
             let entries_end = file.metadata().map_err(unreadable)?.len();
+            let ignore = scan(archive, false)?.ignore;
+            let buildkit_sees_the_same = match ignore.map(|own| String::from_utf8(own).ok()) {
+                None => true,
+                Some(None) => false,
+                Some(Some(text)) => kiln_core::ignore::DockerIgnore::parse(&text)
+                    .is_ok_and(|own| !own.is_excluded(dockerfile) && !own.is_excluded(IGNORE_FILE)),
+            };
             return Ok(BuildBody {
                 archive: archive.to_path_buf(),
                 file,
                 entries_end,
                 tail: Vec::new(),
                 dockerfile: dockerfile.to_string(),
+                buildkit_sees_the_same,
             });
         };
-        let scan = scan(archive)?;
+        let scan = scan(archive, true)?;
         let ignore = match scan.ignore {
             Some(mut own) => {
                 if !own.is_empty() && !own.ends_with(b"\n") {
@@ -76,7 +90,13 @@ impl BuildBody {
             entries_end: scan.entries_end,
             tail,
             dockerfile: OUTSIDE_DOCKERFILE.to_string(),
+            buildkit_sees_the_same: false,
         })
+    }
+
+    /// The body's length in bytes, for a request's `Content-Length`.
+    pub(super) fn len(&self) -> u64 {
+        self.entries_end + self.tail.len() as u64
     }
 
     /// The body as a stream of chunks, read from disk as it is consumed. A file that turns out
@@ -111,8 +131,8 @@ struct Scan {
 }
 
 /// Reads the archive's headers (seeking over contents) for where its last entry ends, the
-/// context's own `.dockerignore`, and a clash with the reserved name.
-fn scan(archive: &Path) -> Result<Scan, HostError> {
+/// context's own `.dockerignore`, and (with `reserve`) a clash with the reserved name.
+fn scan(archive: &Path, reserve: bool) -> Result<Scan, HostError> {
     let unreadable = |source| HostError::ContextUnreadable { archive: archive.to_path_buf(), source };
     let mut reader = tar::Archive::new(File::open(archive).map_err(unreadable)?);
     let mut out = Scan { entries_end: 0, ignore: None };
@@ -120,7 +140,7 @@ fn scan(archive: &Path) -> Result<Scan, HostError> {
         let mut entry = entry.map_err(unreadable)?;
         let raw = entry.path_bytes();
         let path = raw.strip_suffix(b"/").unwrap_or(&raw);
-        if path == OUTSIDE_DOCKERFILE.as_bytes() {
+        if reserve && path == OUTSIDE_DOCKERFILE.as_bytes() {
             return Err(HostError::ReservedName { archive: archive.to_path_buf(), name: OUTSIDE_DOCKERFILE });
         }
         if path == IGNORE_FILE.as_bytes() {

@@ -1,9 +1,9 @@
 //! [`DockerStore`]: the host store over a real Docker daemon, through bollard.
 //!
-//! Builds use the classic builder (`POST /build` without BuildKit): it takes the context as one tar
-//! stream, which is exactly what a verified canonical archive is, and it needs no session channel.
-//! The API version is negotiated at connect time, so a daemon older than bollard's default API
-//! (Debian 12 ships Engine 20.10, API 1.41) is spoken to in its own version.
+//! Builds go to the daemon's BuildKit (`buildkit.rs`): it stamps Kiln's labels into the image
+//! config without a step per label. A daemon that turns BuildKit away gets the classic builder
+//! (`POST /build` through bollard, version 1) from then on; both take the context as one tar stream,
+//! which is exactly what a verified canonical archive is.
 
 use super::body::BuildBody;
 use super::buildlog::BuildLog;
@@ -40,9 +40,11 @@ pub struct DockerStore {
     host: String,
     pub(super) docker: Docker,
     pub(super) builder: Docker,
-    endpoint: Endpoint,
+    pub(super) endpoint: Endpoint,
     /// Connections to the containerd of kind node containers on this daemon.
     pub(super) kind_reach: super::kind::Reach,
+    /// Set once the daemon turned a BuildKit build away: every later build is classic.
+    classic_only: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl DockerStore {
@@ -62,7 +64,14 @@ impl DockerStore {
         let docker = Docker::connect_with_host(host).map_err(unreachable)?.with_timeout(ANSWER_TIMEOUT);
         let docker = docker.negotiate_version().await.map_err(unreachable)?;
         let builder = docker.clone().with_timeout(BUILD_ANSWER_TIMEOUT);
-        Ok(DockerStore { host: host.to_string(), docker, builder, endpoint, kind_reach: Default::default() })
+        Ok(DockerStore {
+            host: host.to_string(),
+            docker,
+            builder,
+            endpoint,
+            kind_reach: Default::default(),
+            classic_only: Default::default(),
+        })
     }
 
     /// The address this store talks to, as given.
@@ -81,6 +90,15 @@ impl DockerStore {
             other => HostError::Refused { host, op, object, source: other },
         }
     }
+}
+
+/// The request body for a build of `spec` from `context_archive` (read on a blocking thread).
+async fn prepare_body(context_archive: &Path, spec: &BuildSpec) -> Result<BuildBody, HostError> {
+    let archive = context_archive.to_path_buf();
+    let (dockerfile, outside) = (spec.dockerfile.clone(), spec.dockerfile_outside.clone());
+    tokio::task::spawn_blocking(move || BuildBody::prepare(&archive, &dockerfile, outside.as_deref())).await.map_err(
+        |source| HostError::Worker { what: format!("read context archive {}", context_archive.display()), source },
+    )?
 }
 
 fn is_not_found(err: &DockerError) -> bool {
@@ -117,15 +135,26 @@ impl HostStore for DockerStore {
     }
 
     async fn build(&self, context_archive: &Path, spec: &BuildSpec, log: Sender<String>) -> Result<Built, HostError> {
-        let archive = context_archive.to_path_buf();
-        let (dockerfile, outside) = (spec.dockerfile.clone(), spec.dockerfile_outside.clone());
-        let body = tokio::task::spawn_blocking(move || BuildBody::prepare(&archive, &dockerfile, outside.as_deref()))
-            .await
-            .map_err(|source| HostError::Worker {
-                what: format!("read context archive {}", context_archive.display()),
-                source,
-            })??;
-
+        let body = prepare_body(context_archive, spec).await?;
+        if body.buildkit_sees_the_same && !self.classic_only.load(std::sync::atomic::Ordering::Relaxed) {
+            match self.build_with_buildkit(body, spec, &log).await? {
+                super::buildkit::Outcome::Built => {
+                    return match self.inspect(&spec.tag).await? {
+                        Some(info) => Ok(Built { id: info.id }),
+                        None => Err(HostError::BuildFailed {
+                            tag: spec.tag.clone(),
+                            step: "its end — the daemon reported success, but no image wears the tag".to_string(),
+                        }),
+                    };
+                }
+                super::buildkit::Outcome::Unsupported(why) => {
+                    tracing::warn!(host = %self.host, %why, "the daemon has no BuildKit; building with the classic builder");
+                    self.classic_only.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+        // The classic builder, for what BuildKit would see differently or cannot build.
+        let body = prepare_body(context_archive, spec).await?;
         let args: HashMap<&str, &str> = spec.args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let labels: HashMap<&str, &str> = spec.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut options = BuildImageOptionsBuilder::default()

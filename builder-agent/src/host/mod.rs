@@ -12,6 +12,7 @@
 //! (ADR-0041), and another farm's image never makes this farm skip one.
 
 mod body;
+mod buildkit;
 mod buildlog;
 mod docker;
 mod error;

@@ -245,6 +245,8 @@ async fn session(
     let mut beat = tokio::time::interval(heartbeat);
     let mut refresh = tokio::time::interval(crate::stores::REFRESH);
     refresh.tick().await;
+    // One look for kind nodes at a time: a daemon slow to answer must not pile them up.
+    let mut announcing: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         tokio::select! {
             _ = &mut *shutdown => {
@@ -259,9 +261,9 @@ async fn session(
                 }
             }
             _ = refresh.tick() => {
-                if let Dispatch::Host(ctx) = &dispatch {
+                if let (Dispatch::Host(ctx), true) = (&dispatch, announcing.as_ref().is_none_or(|a| a.is_finished())) {
                     let ctx = ctx.clone();
-                    tokio::spawn(async move { crate::stores::announce(&ctx).await });
+                    announcing = Some(tokio::spawn(async move { crate::stores::announce(&ctx).await }));
                 }
             }
             msg = inbound.message() => match msg {

@@ -339,7 +339,7 @@ impl pb::kiln_server::Kiln for KilnService {
         answers.sort_by_key(|(index, ..)| *index);
         let mut stores = Vec::new();
         for (_, agent, store, outcome) in answers {
-            let (images, error) = match outcome {
+            let (mut images, error) = match outcome {
                 Ok(pb::task_result::Outcome::Listing(l)) => (l.images, String::new()),
                 Ok(_) => (Vec::new(), "the agent answered the listing with something else".to_string()),
                 Err(err) => (Vec::new(), err.to_string()),
@@ -350,6 +350,9 @@ impl pb::kiln_server::Kiln for KilnService {
                     .unwrap_or_default();
                 let _ = self.engine.store.put_inventory(&store, json, now_ms()).await;
             }
+            // A node store lists everything it holds (the planner needs it all); shown, like a host
+            // store's listing, are the images Kiln labeled.
+            images.retain(|i| i.labels.contains_key(kiln_core::sweep::LABEL_KIND));
             stores.push(pb::StoreImages { store, agent, images, error });
         }
         Ok(Response::new(pb::ImagesReply { stores }))

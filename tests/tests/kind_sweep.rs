@@ -96,8 +96,8 @@ async fn gc_on_a_kind_node_keeps_what_its_containers_use_unlabeled_images_and_ot
     let unlabeled = format!("{}:1", unique("kunlabeled"));
     let other_farm = format!("{}:1", unique("kotherfarm"));
     let garbage = format!("{}:1", unique("kgarbage"));
-    docker::plant_unlabeled(&unlabeled);
-    docker::plant_other_farm(&other_farm, "some-other-farm");
+    let unlabeled_id = docker::plant_unlabeled(&unlabeled);
+    let other_farm_id = docker::plant_other_farm(&other_farm, "some-other-farm");
     let labels = [(LABEL_KIND, "image"), (LABEL_INSTANCE, "kinuse"), (LABEL_FARM, farm.farm_id.as_str())];
     docker::plant_labeled(&[&garbage], &labels, &unique("garbage"));
     for planted in [&unlabeled, &other_farm, &garbage] {
@@ -114,6 +114,15 @@ async fn gc_on_a_kind_node_keeps_what_its_containers_use_unlabeled_images_and_ot
     assert!(refs.contains(&qualified(&unlabeled)), "never Kiln's to take: {refs:?}");
     assert!(refs.contains(&qualified(&other_farm)), "another farm's: {refs:?}");
     assert!(!refs.contains(&qualified(&garbage)), "this farm's garbage goes, so the node really was swept: {refs:?}");
+
+    // `kiln images` shows what Kiln labeled on the node, whatever the farm, and nothing else.
+    let store = kiln_agent::stores::kind_store_id("e2e-agent", &node.name);
+    let mut client = pb::kiln_client::KilnClient::new(channel(&farm.url));
+    let stores = client.images(pb::ImagesRequest::default()).await.unwrap().into_inner().stores;
+    let listed = stores.iter().find(|s| s.store == store).unwrap_or_else(|| panic!("no {store} in {stores:#?}"));
+    let ids: Vec<&str> = listed.images.iter().map(|i| i.id.as_str()).collect();
+    assert!(ids.contains(&other_farm_id.as_str()), "{ids:?}");
+    assert!(!ids.contains(&unlabeled_id.as_str()), "{ids:?}");
     farm.stop().await;
     for r in [&second, &third] {
         docker::remove(r);

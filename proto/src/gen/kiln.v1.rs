@@ -474,6 +474,7 @@ pub struct StoreImages {
     pub store: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
     pub agent: ::prost::alloc::string::String,
+    /// The images the store holds that carry `kiln.dev/kind`, whatever their farm.
     #[prost(message, repeated, tag = "3")]
     pub images: ::prost::alloc::vec::Vec<ListedImage>,
     /// NextId: 5

@@ -85,6 +85,22 @@ async fn an_outside_dockerfile_is_used_and_the_build_sees_only_the_context() {
 }
 
 #[tokio::test]
+async fn an_outside_dockerfile_copying_named_paths_builds_with_buildkit_and_copies_just_those() {
+    let (store, cleanup) = (store().await, Cleanup::default());
+    let ctx = context(&[
+        (".dockerignore", "Dockerfile\n"),
+        ("Dockerfile", "FROM scratch\n"),
+        ("a.txt", "a, for the outside BuildKit test"),
+    ]);
+    let tag = cleanup.tag(format!("{}:1", unique("outside-bk")));
+    let spec = BuildSpec { dockerfile_outside: Some(b"FROM scratch\nCOPY a.txt /ctx/\n".to_vec()), ..spec(&tag) };
+    let (built, log) = build(&store, &ctx.archive, &spec).await;
+    built.unwrap();
+    assert!(log.iter().any(|l| l.starts_with('#') && l.contains("COPY a.txt /ctx/")), "BuildKit's log: {log:#?}");
+    assert_eq!(image_files(&tag).await, ["ctx", "ctx/a.txt"].map(String::from).into());
+}
+
+#[tokio::test]
 async fn an_outside_dockerfile_leaves_a_self_ignoring_dockerignore_as_it_was() {
     let (store, cleanup) = (store().await, Cleanup::default());
     let ctx = context(&[(".dockerignore", "*.log\n.dockerignore"), ("a.txt", "a"), ("debug.log", "x")]);
@@ -115,17 +131,30 @@ async fn a_failing_build_names_its_step_and_leaves_no_tag() {
 #[tokio::test]
 async fn a_dockerignore_naming_the_dockerfile_keeps_it_out_of_the_image_through_the_classic_builder() {
     let (store, cleanup) = (store().await, Cleanup::default());
-    // BuildKit ignores `.dockerignore` for a context sent as the request body, and the Dockerfile
+    // Contents no other test builds: the classic builder's cache must not share a step with a test
+    // that removes its images. BuildKit ignores `.dockerignore` for a context sent as the request body, and the Dockerfile
     // and `.dockerignore` always travel: such a build must go to the classic builder.
     let ctx = context(&[
         ("Dockerfile", "FROM scratch\nCOPY . /ctx\n"),
         (".dockerignore", "Dockerfile\n.dockerignore\n"),
-        ("a.txt", "a"),
+        ("a.txt", "a, for the ignoring test alone"),
     ]);
     let tag = cleanup.tag(format!("{}:1", unique("ignoresdf")));
     let (built, log) = build(&store, &ctx.archive, &spec(&tag)).await;
     built.unwrap();
     assert!(log.iter().any(|l| l.starts_with("Step ")), "the classic builder's log: {log:#?}");
+    assert_eq!(image_files(&tag).await, ["ctx".to_string(), "ctx/a.txt".to_string()].into());
+
+    // The same `.dockerignore`, but a Dockerfile that names what it copies: BuildKit, same result.
+    let ctx = context(&[
+        ("Dockerfile", "FROM scratch\nCOPY a.txt /ctx/\n"),
+        (".dockerignore", "Dockerfile\n.dockerignore\n"),
+        ("a.txt", "a, for the ignoring test alone"),
+    ]);
+    let tag = cleanup.tag(format!("{}:1", unique("ignoresdf-bk")));
+    let (built, log) = build(&store, &ctx.archive, &spec(&tag)).await;
+    built.unwrap();
+    assert!(log.iter().any(|l| l.starts_with('#')), "BuildKit's log: {log:#?}");
     assert_eq!(image_files(&tag).await, ["ctx".to_string(), "ctx/a.txt".to_string()].into());
 }
 

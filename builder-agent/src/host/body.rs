@@ -14,9 +14,11 @@
 //! Memory stays bounded whatever the context's size: the archive is read in fixed chunks as the
 //! daemon takes them, and finding its end only reads headers (the tar reader seeks over contents).
 
+use super::copies::never_copies;
 use super::HostError;
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{self, Stream, StreamExt};
+use kiln_core::ignore::DockerIgnore;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -37,11 +39,11 @@ pub(super) struct BuildBody {
     tail: Vec<u8>,
     /// The Dockerfile path to name in the request.
     pub(super) dockerfile: String,
-    /// Whether BuildKit would see exactly what the classic builder sees. BuildKit applies no
+    /// Whether a BuildKit build would produce what the classic builder does. BuildKit applies no
     /// `.dockerignore` to a context sent as the request body, and the archive already leaves out
-    /// what it ignores — except the Dockerfile and `.dockerignore`, which always travel. So the two
-    /// agree unless `.dockerignore` names either of those, or the Dockerfile came from outside
-    /// (its file and the `.dockerignore` hiding it are appended).
+    /// what it ignores — except the Dockerfile and `.dockerignore`, which always travel, and, for a
+    /// Dockerfile from outside, the appended file and `.dockerignore` hiding it. So the two agree
+    /// when there is no such extra file, or when no `COPY`/`ADD` can reach one (`copies`).
     pub(super) buildkit_sees_the_same: bool,
 }
 
@@ -53,13 +55,24 @@ impl BuildBody {
         let file = File::open(archive).map_err(unreadable)?;
         let Some(outside) = outside else {
             let entries_end = file.metadata().map_err(unreadable)?.len();
-            let ignore = scan(archive, false)?.ignore;
-            let buildkit_sees_the_same = match ignore.map(|own| String::from_utf8(own).ok()) {
-                None => true,
-                Some(None) => false,
-                Some(Some(text)) => kiln_core::ignore::DockerIgnore::parse(&text)
-                    .is_ok_and(|own| !own.is_excluded(dockerfile) && !own.is_excluded(IGNORE_FILE)),
+            let scan = scan(archive, false, Some(dockerfile))?;
+            let own = match scan.ignore.map(String::from_utf8) {
+                None => Some(DockerIgnore::empty()),
+                Some(Ok(text)) => DockerIgnore::parse(&text).ok(),
+                Some(Err(_)) => None,
             };
+            // What BuildKit would show a `COPY` that the classic builder hides: the Dockerfile and
+            // `.dockerignore` when `.dockerignore` names them (as their top-level entries).
+            let buildkit_sees_the_same = own.is_some_and(|own| {
+                let top = dockerfile.split('/').next().unwrap_or(dockerfile);
+                let extras: Vec<&str> = [(dockerfile, top), (IGNORE_FILE, IGNORE_FILE)]
+                    .into_iter()
+                    .filter(|(path, _)| own.is_excluded(path))
+                    .map(|(_, top)| top)
+                    .collect();
+                let text = scan.dockerfile.as_deref().and_then(|b| std::str::from_utf8(b).ok());
+                extras.is_empty() || text.is_some_and(|text| never_copies(text, &extras))
+            });
             return Ok(BuildBody {
                 archive: archive.to_path_buf(),
                 file,
@@ -69,7 +82,11 @@ impl BuildBody {
                 buildkit_sees_the_same,
             });
         };
-        let scan = scan(archive, true)?;
+        let scan = scan(archive, true, None)?;
+        // BuildKit would show a `COPY` the appended Dockerfile, the appended `.dockerignore`, and a
+        // context `Dockerfile` that `.dockerignore` hides from the classic builder.
+        let buildkit_sees_the_same = std::str::from_utf8(outside)
+            .is_ok_and(|text| never_copies(text, &[OUTSIDE_DOCKERFILE, IGNORE_FILE, "Dockerfile"]));
         let ignore = match scan.ignore {
             Some(mut own) => {
                 if !own.is_empty() && !own.ends_with(b"\n") {
@@ -90,7 +107,7 @@ impl BuildBody {
             entries_end: scan.entries_end,
             tail,
             dockerfile: OUTSIDE_DOCKERFILE.to_string(),
-            buildkit_sees_the_same: false,
+            buildkit_sees_the_same,
         })
     }
 
@@ -128,14 +145,20 @@ impl BuildBody {
 struct Scan {
     entries_end: u64,
     ignore: Option<Vec<u8>>,
+    /// The bytes of the file asked for, when it is a regular file of at most [`DOCKERFILE_LIMIT`].
+    dockerfile: Option<Vec<u8>>,
 }
 
+/// A Dockerfile larger than this is not read for the BuildKit decision: it builds classic.
+const DOCKERFILE_LIMIT: u64 = 1 << 20;
+
 /// Reads the archive's headers (seeking over contents) for where its last entry ends, the
-/// context's own `.dockerignore`, and (with `reserve`) a clash with the reserved name.
-fn scan(archive: &Path, reserve: bool) -> Result<Scan, HostError> {
+/// context's own `.dockerignore`, the file at `dockerfile` when given, and (with `reserve`) a clash
+/// with the reserved name.
+fn scan(archive: &Path, reserve: bool, dockerfile: Option<&str>) -> Result<Scan, HostError> {
     let unreadable = |source| HostError::ContextUnreadable { archive: archive.to_path_buf(), source };
     let mut reader = tar::Archive::new(File::open(archive).map_err(unreadable)?);
-    let mut out = Scan { entries_end: 0, ignore: None };
+    let mut out = Scan { entries_end: 0, ignore: None, dockerfile: None };
     for entry in reader.entries_with_seek().map_err(unreadable)? {
         let mut entry = entry.map_err(unreadable)?;
         let raw = entry.path_bytes();
@@ -150,6 +173,13 @@ fn scan(archive: &Path, reserve: bool) -> Result<Scan, HostError> {
             let mut own = Vec::new();
             entry.read_to_end(&mut own).map_err(unreadable)?;
             out.ignore = Some(own);
+        } else if dockerfile.is_some_and(|d| path == d.as_bytes())
+            && entry.header().entry_type().is_file()
+            && entry.size() <= DOCKERFILE_LIMIT
+        {
+            let mut text = Vec::new();
+            entry.read_to_end(&mut text).map_err(unreadable)?;
+            out.dockerfile = Some(text);
         }
         out.entries_end = entry.raw_file_position() + entry.size().div_ceil(BLOCK) * BLOCK;
     }

@@ -14,6 +14,7 @@
 mod body;
 mod buildkit;
 mod buildlog;
+mod copies;
 mod docker;
 mod error;
 mod kind;

@@ -112,7 +112,22 @@ pub fn kiln_labels(farm: &str, context: &TreeDigest) -> BTreeMap<String, String>
 }
 
 /// Builds and collects the log lines the build streamed.
+///
+/// Once more when the classic builder fails with "unable to find image": its cache probe reads every
+/// image of the same parent (for `FROM scratch`, every parentless image on the daemon) and fails
+/// when a parallel test removes one of them mid-probe — a race between tests, not the build under
+/// test. The converge engine retries the same way.
 pub async fn build(store: &DockerStore, archive: &Path, spec: &BuildSpec) -> (Result<Built, HostError>, Vec<String>) {
+    let (built, log) = build_once(store, archive, spec).await;
+    match &built {
+        Err(HostError::BuildFailed { step, .. }) if step.contains("unable to find image") => {
+            build_once(store, archive, spec).await
+        }
+        _ => (built, log),
+    }
+}
+
+async fn build_once(store: &DockerStore, archive: &Path, spec: &BuildSpec) -> (Result<Built, HostError>, Vec<String>) {
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let collector = tokio::spawn(async move {
         let mut lines = Vec::new();

@@ -75,8 +75,10 @@ async fn the_platform_reaches_the_build() {
 #[tokio::test]
 async fn an_outside_dockerfile_is_used_and_the_build_sees_only_the_context() {
     let (store, cleanup) = (store().await, Cleanup::default());
-    // The context's own Dockerfile would fail: the build must use the outside one.
-    let ctx = context(&[("Dockerfile", "FROM scratch\nCOPY missing /\n"), ("a.txt", "a")]);
+    // The context's own Dockerfile would fail: the build must use the outside one. Contents unique
+    // to the run: the classic builder must not take a cached step another build may remove.
+    let a = unique("a");
+    let ctx = context(&[("Dockerfile", "FROM scratch\nCOPY missing /\n"), ("a.txt", a.as_str())]);
     let tag = cleanup.tag(format!("{}:1", unique("outside")));
     let spec = BuildSpec { dockerfile_outside: Some(b"FROM scratch\nCOPY . /ctx/\n".to_vec()), ..spec(&tag) };
     build(&store, &ctx.archive, &spec).await.0.unwrap();
@@ -103,7 +105,8 @@ async fn an_outside_dockerfile_copying_named_paths_builds_with_buildkit_and_copi
 #[tokio::test]
 async fn an_outside_dockerfile_leaves_a_self_ignoring_dockerignore_as_it_was() {
     let (store, cleanup) = (store().await, Cleanup::default());
-    let ctx = context(&[(".dockerignore", "*.log\n.dockerignore"), ("a.txt", "a"), ("debug.log", "x")]);
+    let a = unique("a");
+    let ctx = context(&[(".dockerignore", "*.log\n.dockerignore"), ("a.txt", a.as_str()), ("debug.log", "x")]);
     let tag = cleanup.tag(format!("{}:1", unique("outside-ignore")));
     let spec = BuildSpec { dockerfile_outside: Some(b"FROM scratch\nCOPY . /ctx/\n".to_vec()), ..spec(&tag) };
     build(&store, &ctx.archive, &spec).await.0.unwrap();

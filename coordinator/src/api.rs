@@ -314,45 +314,25 @@ impl pb::kiln_server::Kiln for KilnService {
     }
 
     async fn images(&self, _request: Request<pb::ImagesRequest>) -> Result<Response<pb::ImagesReply>, Status> {
-        // Every store of every agent, listed in parallel; answers keep agent then store order.
-        let mut listing = tokio::task::JoinSet::new();
-        let mut index = 0;
-        for agent in self.engine.hub.connected() {
-            let stores = agent.stores();
-            // An agent that announced no store is still asked for its default one.
-            let ids: Vec<String> = match stores.is_empty() {
-                true => vec![String::new()],
-                false => stores.into_iter().map(|s| s.id).collect(),
-            };
-            for store in ids {
-                let agent = agent.clone();
-                listing.spawn(async move {
-                    let task = pb::ListTask { store: store.clone(), ..Default::default() };
-                    let outcome = agent.run("", pb::task::Kind::List(task), |_| {}).await;
-                    let store = if store.is_empty() { agent.id.clone() } else { store };
-                    (index, agent.id.clone(), store, outcome)
-                });
-                index += 1;
-            }
-        }
-        let mut answers = listing.join_all().await;
-        answers.sort_by_key(|(index, ..)| *index);
         let mut stores = Vec::new();
-        for (_, agent, store, outcome) in answers {
-            let (mut images, error) = match outcome {
-                Ok(pb::task_result::Outcome::Listing(l)) => (l.images, String::new()),
-                Ok(_) => (Vec::new(), "the agent answered the listing with something else".to_string()),
-                Err(err) => (Vec::new(), err.to_string()),
+        for (agent, store, listed) in crate::sweep::list_every_store(&self.engine.hub.connected()).await {
+            let (images, error) = match listed {
+                Ok(images) => {
+                    let json =
+                        serde_json::to_string(&images.iter().map(|i| (&i.id, &i.refs, i.bytes)).collect::<Vec<_>>())
+                            .unwrap_or_default();
+                    let _ = self.engine.store.put_inventory(&store, json, now_ms()).await;
+                    (images, String::new())
+                }
+                Err(error) => (Vec::new(), error),
             };
-            if error.is_empty() {
-                let listed: Vec<_> = images.iter().cloned().map(crate::convert::listed_image).collect();
-                let json = serde_json::to_string(&listed.iter().map(|i| (&i.id, &i.refs, i.bytes)).collect::<Vec<_>>())
-                    .unwrap_or_default();
-                let _ = self.engine.store.put_inventory(&store, json, now_ms()).await;
-            }
             // A node store lists everything it holds (the planner needs it all); shown, like a host
             // store's listing, are the images Kiln labeled.
-            images.retain(|i| i.labels.contains_key(kiln_core::sweep::LABEL_KIND));
+            let images = images
+                .into_iter()
+                .filter(|i| i.labels.contains_key(kiln_core::sweep::LABEL_KIND))
+                .map(crate::convert::wire_image)
+                .collect();
             stores.push(pb::StoreImages { store, agent, images, error });
         }
         Ok(Response::new(pb::ImagesReply { stores }))

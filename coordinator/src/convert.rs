@@ -12,3 +12,13 @@ pub fn listed_image(img: pb::ListedImage) -> ListedImage {
         bytes: img.bytes,
     }
 }
+
+pub fn wire_image(img: ListedImage) -> pb::ListedImage {
+    pb::ListedImage {
+        id: img.id,
+        refs: img.refs,
+        digests: img.digests,
+        labels: img.labels.into_iter().collect(),
+        bytes: img.bytes,
+    }
+}

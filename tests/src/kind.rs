@@ -9,7 +9,8 @@
 //! overlay on the daemon's own overlay storage; the import kind runs (`--snapshotter=overlayfs`)
 //! then works as on a real node. Each [`KindNode`] is removed (`docker rm -f`) when dropped.
 
-use std::path::Path;
+use crate::fixture::{unique, write};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -174,4 +175,18 @@ impl Drop for KindNode {
     fn drop(&mut self) {
         let _ = Command::new("docker").args(["rm", "-f", "-v", &self.name]).output();
     }
+}
+
+/// Writes instance `name` under `into`: one image, `web`, delivered to kind cluster `cluster`, with
+/// content no other test builds.
+pub fn instance(into: &Path, name: &str, cluster: &str) -> PathBuf {
+    let dir = into.join(name);
+    write(
+        &dir,
+        "kiln.toml",
+        &format!("instance = \"{name}\"\n\n[target]\nkind = \"kind\"\ncluster = \"{cluster}\"\n\n[built.web]\ncontext = \"web\"\n"),
+    );
+    write(&dir, "web/Dockerfile", "FROM scratch\nCOPY index.html /srv/index.html\n");
+    write(&dir, "web/index.html", &format!("<p>{}</p>\n", unique("kind")));
+    dir
 }

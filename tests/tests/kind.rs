@@ -2,24 +2,11 @@
 //! kind nodes (`kiln_e2e::kind`): containers labeled as kind labels its nodes, each running the
 //! Debian package's containerd.
 
-use kiln_e2e::fixture::{reference, unique, write};
-use kiln_e2e::kind::KindNode;
+use kiln_e2e::fixture::{reference, unique};
+use kiln_e2e::kind::{instance, KindNode};
 use kiln_e2e::wire::{gc, succeeded, up};
 use kiln_e2e::{docker, Farm};
 use kiln_proto::v1::converge_event::Kind;
-use std::path::{Path, PathBuf};
-
-fn instance(into: &Path, name: &str, cluster: &str) -> PathBuf {
-    let dir = into.join(name);
-    write(
-        &dir,
-        "kiln.toml",
-        &format!("instance = \"{name}\"\n\n[target]\nkind = \"kind\"\ncluster = \"{cluster}\"\n\n[built.web]\ncontext = \"web\"\n"),
-    );
-    write(&dir, "web/Dockerfile", "FROM scratch\nCOPY index.html /srv/index.html\n");
-    write(&dir, "web/index.html", &format!("<p>{}</p>\n", unique("kind")));
-    dir
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_reaches_the_containerd_of_every_kind_node_and_a_second_delivery_skips_them() {

@@ -6,23 +6,11 @@
 
 use kiln_core::sweep::{LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
 use kiln_e2e::fixture::{reference, unique, write};
-use kiln_e2e::kind::KindNode;
+use kiln_e2e::kind::{instance, KindNode};
 use kiln_e2e::wire::{channel, gc, succeeded, up};
 use kiln_e2e::{docker, Farm};
 use kiln_proto::v1 as pb;
-use std::path::{Path, PathBuf};
-
-fn instance(into: &Path, name: &str, cluster: &str) -> PathBuf {
-    let dir = into.join(name);
-    write(
-        &dir,
-        "kiln.toml",
-        &format!("instance = \"{name}\"\n\n[target]\nkind = \"kind\"\ncluster = \"{cluster}\"\n\n[built.web]\ncontext = \"web\"\n"),
-    );
-    write(&dir, "web/Dockerfile", "FROM scratch\nCOPY index.html /srv/index.html\n");
-    write(&dir, "web/index.html", &format!("<p>{}</p>\n", unique("kind")));
-    dir
-}
+use std::path::Path;
 
 fn qualified(reference: &str) -> String {
     format!("docker.io/library/{reference}")

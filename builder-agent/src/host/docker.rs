@@ -135,7 +135,7 @@ impl HostStore for DockerStore {
     }
 
     async fn build(&self, context_archive: &Path, spec: &BuildSpec, log: Sender<String>) -> Result<Built, HostError> {
-        let body = prepare_body(context_archive, spec).await?;
+        let mut body = prepare_body(context_archive, spec).await?;
         if body.buildkit_sees_the_same && !self.classic_only.load(std::sync::atomic::Ordering::Relaxed) {
             match self.build_with_buildkit(body, spec, &log).await? {
                 super::buildkit::Outcome::Built => {
@@ -150,11 +150,12 @@ impl HostStore for DockerStore {
                 super::buildkit::Outcome::Unsupported(why) => {
                     tracing::warn!(host = %self.host, %why, "the daemon has no BuildKit; building with the classic builder");
                     self.classic_only.store(true, std::sync::atomic::Ordering::Relaxed);
+                    // The refused attempt took the body; the classic build needs its own.
+                    body = prepare_body(context_archive, spec).await?;
                 }
             }
         }
         // The classic builder, for what BuildKit would see differently or cannot build.
-        let body = prepare_body(context_archive, spec).await?;
         let args: HashMap<&str, &str> = spec.args.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let labels: HashMap<&str, &str> = spec.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let mut options = BuildImageOptionsBuilder::default()

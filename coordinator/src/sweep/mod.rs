@@ -226,6 +226,17 @@ fn held_stores(agents: &[Arc<AgentConn>]) -> Vec<Held> {
     held
 }
 
+/// Every store the connected agents announced, listed in parallel (without workloads), in agent
+/// then store order: `(agent, store, its images or why it could not be listed)`. `kiln images`.
+pub(crate) async fn list_every_store(
+    agents: &[Arc<AgentConn>],
+) -> Vec<(String, String, Result<Vec<ListedImage>, String>)> {
+    let held = held_stores(agents);
+    // Not on behalf of a converge: tasks carry an empty converge id, as before.
+    let reads = list_all(&held, &ConvergeId::from(""), false).await;
+    held.into_iter().zip(reads).map(|(h, read)| (h.agent.id.clone(), h.store.0, read.map(|r| r.images))).collect()
+}
+
 /// Lists every store in parallel; the answers come back in `held`'s order.
 async fn list_all(held: &[Held], converge: &ConvergeId, workloads: bool) -> Vec<Result<Read, String>> {
     let mut listing = JoinSet::new();

@@ -184,6 +184,7 @@ fn listed(rng: &mut fastrand::Rng, image: &PoolImage, host: bool) -> ListedImage
         digests: Vec::new(),
         labels: image.labels.clone(),
         bytes: 1_000_000 + rng.u64(..500_000_000),
+        layers: Vec::new(),
     }
 }
 

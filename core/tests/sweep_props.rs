@@ -242,7 +242,7 @@ fn listing(n: usize, spec: &StoreSpec) -> StoreListing {
             if !image.shared && image.label != Label::None {
                 labels.insert(LABEL_INSTANCE.to_owned(), format!("inst{}", i % 3));
             }
-            ListedImage { id: id(i), refs, digests: vec![digest(i)], labels, bytes: image.bytes }
+            ListedImage { id: id(i), refs, digests: vec![digest(i)], labels, bytes: image.bytes, layers: Vec::new() }
         })
         .collect();
     StoreListing {

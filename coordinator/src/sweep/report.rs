@@ -121,6 +121,7 @@ mod tests {
             digests: vec![],
             labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             bytes: 100,
+            layers: Vec::new(),
         }
     }
 

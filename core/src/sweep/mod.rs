@@ -7,6 +7,7 @@
 //! listing again; [`Plan::apply_to`] is the same change done to the listings in memory, which tests
 //! use to check that a second plan has nothing left to do.
 
+mod hold;
 mod normalize;
 mod plan;
 #[cfg(test)]
@@ -15,7 +16,8 @@ mod tests;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-pub use plan::plan;
+pub use hold::{farm_key, hold_key, hold_ref, HOLD_NAMESPACE};
+pub use plan::{plan, reclaimed};
 
 /// Label naming what Kiln built: `image` or `shared`. An image without it is never swept.
 pub const LABEL_KIND: &str = "kiln.dev/kind";
@@ -25,6 +27,8 @@ pub const LABEL_INSTANCE: &str = "kiln.dev/instance";
 pub const LABEL_FARM: &str = "kiln.dev/farm";
 /// Label carrying the full tree digest of the context an image was built from.
 pub const LABEL_CONTEXT: &str = "kiln.dev/context";
+/// Label naming the converge that built the image, so "held" can say which one.
+pub const LABEL_CONVERGE: &str = "kiln.dev/converge";
 /// The `kiln.dev/kind` of a base image many instances share; also its key in
 /// [`StorePlan::freed_by_instance`].
 pub const KIND_SHARED: &str = "shared";
@@ -69,6 +73,18 @@ pub struct ListedImage {
     /// Repo/manifest digests (`sha256:…`) the image answers to.
     pub digests: Vec<String>,
     pub labels: BTreeMap<String, String>,
+    pub bytes: u64,
+    /// The image's layers, bottom first, when the store says; empty otherwise, and then the
+    /// image's `bytes` count whole. A store may list images Kiln never touches with their layers
+    /// alone (no refs, no labels), so the bytes they share with Kiln's are not counted as freed.
+    pub layers: Vec<Layer>,
+}
+
+/// One layer of an image: its chain (this layer and every one beneath it, so two images share
+/// the layer's bytes exactly when they share the chain) and its own size.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layer {
+    pub chain: String,
     pub bytes: u64,
 }
 
@@ -134,7 +150,9 @@ pub struct Removal {
     pub instance: Option<String>,
     /// True when this removal takes the id's last ref, so its bytes are reclaimed.
     pub frees: bool,
-    /// The image's size when `frees`, else 0: untagging one of several refs reclaims nothing.
+    /// What the image's going reclaims when `frees`, else 0: untagging one of several refs
+    /// reclaims nothing. With layers listed, only layers no remaining image uses (and none an
+    /// earlier removal of the plan already counted); without, the image's size.
     pub bytes: u64,
 }
 

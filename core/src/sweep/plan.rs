@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use super::hold::{farm_key, hold_key};
 use super::normalize::{normalize, NormRef};
 use super::{
     KeptWhole, ListedImage, Plan, Policy, Removal, RemovalMode, RemovalTarget, Roots, StoreKind, StoreListing,
@@ -139,15 +140,25 @@ fn owner<'a>(image: &'a ListedImage, policy: &Policy) -> Option<Owner<'a>> {
 fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> StorePlan {
     // `docker rmi <tag>` untags, so a host store never needs the all-or-nothing rule.
     let per_id = listing.kind == StoreKind::Node && listing.removal == RemovalMode::PerId;
-    let mut groups: Vec<Vec<Removal>> = Vec::new();
+    let own_key = farm_key(&policy.farm);
+    // Each group is one image's removals, with the bucket its bytes are counted under.
+    let mut groups: Vec<(Vec<Removal>, &str)> = Vec::new();
     let mut kept_whole = Vec::new();
-    let mut freed_bytes = 0u64;
-    let mut freed_by_instance: BTreeMap<String, u64> = BTreeMap::new();
 
     for image in &listing.images {
         let Some(owner) = owner(image, policy) else {
+            if !per_id {
+                if let Some(group) = released_holds(image, keep, &own_key) {
+                    groups.push((group, UNOWNED));
+                }
+            }
             continue;
         };
+        // Another farm relies on this image (it is equivalent by address to what that farm's record
+        // names): the owner leaves every ref of it until that farm's own sweep drops its hold.
+        if image.refs.iter().any(|raw| hold_key(raw).is_some_and(|key| key != own_key)) {
+            continue;
+        }
         let judged = judge(image, keep);
         if judged.digest_rooted {
             // Its names cost no bytes and a digest-pinned pull may resolve through them.
@@ -160,7 +171,7 @@ fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> Store
             id: image.id.clone(),
             instance: owner.instance.map(str::to_owned),
             frees,
-            bytes: if frees { image.bytes } else { 0 },
+            bytes: 0,
         };
 
         let group: Vec<Removal> = if !all_garbage {
@@ -193,23 +204,77 @@ fn plan_store(listing: &StoreListing, keep: &Keep<'_>, policy: &Policy) -> Store
                 .map(|(i, raw)| removal(RemovalTarget::Ref((*raw).to_owned()), i == last))
                 .collect()
         };
-
-        if group.iter().any(|removal| removal.frees) {
-            freed_bytes += image.bytes;
-            *freed_by_instance.entry(owner.bucket.to_owned()).or_default() += image.bytes;
-        }
         if !group.is_empty() {
-            groups.push(group);
+            groups.push((group, owner.bucket));
         }
     }
 
-    groups.sort_by(|a, b| a[0].id.cmp(&b[0].id));
+    // Bytes last, once every image that goes is known: layers two doomed images share are counted
+    // once, and layers an image that stays still uses are not counted at all.
+    let going: HashSet<&str> =
+        groups.iter().flat_map(|(group, _)| group).filter(|r| r.frees).map(|r| r.id.as_str()).collect();
+    let mut freeing: Vec<&ListedImage> = listing.images.iter().filter(|i| going.contains(i.id.as_str())).collect();
+    freeing.sort_by(|a, b| a.id.cmp(&b.id));
+    freeing.dedup_by(|a, b| a.id == b.id);
+    let staying: Vec<&ListedImage> = listing.images.iter().filter(|i| !going.contains(i.id.as_str())).collect();
+    let bytes: BTreeMap<&str, u64> = freeing.iter().map(|i| i.id.as_str()).zip(reclaimed(&freeing, &staying)).collect();
+    let mut freed_bytes = 0u64;
+    let mut freed_by_instance: BTreeMap<String, u64> = BTreeMap::new();
+    for (group, bucket) in &mut groups {
+        for removal in group.iter_mut().filter(|r| r.frees) {
+            removal.bytes = bytes.get(removal.id.as_str()).copied().unwrap_or(0);
+            freed_bytes += removal.bytes;
+            *freed_by_instance.entry((*bucket).to_owned()).or_default() += removal.bytes;
+        }
+    }
+
+    groups.sort_by(|a, b| a.0[0].id.cmp(&b.0[0].id));
     kept_whole.sort_by(|a: &KeptWhole, b| a.id.cmp(&b.id));
     StorePlan {
         store: listing.store.clone(),
-        removals: groups.into_iter().flatten().collect(),
+        removals: groups.into_iter().flat_map(|(group, _)| group).collect(),
         kept_whole,
         freed_bytes,
         freed_by_instance,
     }
+}
+
+/// This farm's holds on an image another farm built, once none of this farm's roots names any
+/// other ref of it (or its content by digest): the reliance the holds marked has ended.
+fn released_holds(image: &ListedImage, keep: &Keep<'_>, own_key: &str) -> Option<Vec<Removal>> {
+    // Holds are only ever put on Kiln's images; anything else is not this planner's to touch.
+    image.labels.get(LABEL_KIND).filter(|kind| !kind.is_empty())?;
+    let mine: Vec<&str> = image.refs.iter().map(String::as_str).filter(|raw| hold_key(raw) == Some(own_key)).collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let judged = judge(image, keep);
+    let relied = judged.digest_rooted || judged.named.iter().any(|(raw, kept)| *kept && hold_key(raw).is_none());
+    if relied {
+        return None;
+    }
+    let removal = |raw: &str| Removal {
+        target: RemovalTarget::Ref(raw.to_owned()),
+        id: image.id.clone(),
+        instance: None,
+        frees: false,
+        bytes: 0,
+    };
+    Some(mine.into_iter().map(removal).collect())
+}
+
+/// What each image of `going` reclaims when all of them leave and `staying` stays, in `going`'s
+/// order: its layers that no staying image uses and no earlier going image already counted. An
+/// image whose layers the store did not list counts its whole size (it cannot be told apart).
+pub fn reclaimed(going: &[&ListedImage], staying: &[&ListedImage]) -> Vec<u64> {
+    let mut used: HashSet<&str> = staying.iter().flat_map(|i| &i.layers).map(|l| l.chain.as_str()).collect();
+    going
+        .iter()
+        .map(|image| {
+            if image.layers.is_empty() {
+                return image.bytes;
+            }
+            image.layers.iter().filter(|layer| used.insert(layer.chain.as_str())).map(|layer| layer.bytes).sum()
+        })
+        .collect()
 }

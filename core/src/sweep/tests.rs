@@ -30,6 +30,7 @@ fn image(n: u8, refs: &[&str], bytes: u64) -> ListedImage {
         digests: vec![format!("sha256:{:064x}", u64::from(n) + 0xd000)],
         labels: labels("shop"),
         bytes,
+        layers: Vec::new(),
     }
 }
 
@@ -213,4 +214,91 @@ fn applying_a_plan_drops_removed_refs_and_emptied_images() {
     assert_eq!(after[0].images.len(), 1);
     assert_eq!(after[0].images[0].refs, vec!["api:new".to_owned()]);
     assert!(super::plan(&after, &claims(&["api:new"]), &policy()).is_empty());
+}
+
+fn layered(n: u8, refs: &[&str], layers: &[(&str, u64)]) -> ListedImage {
+    let layers: Vec<Layer> =
+        layers.iter().map(|(chain, bytes)| Layer { chain: (*chain).to_owned(), bytes: *bytes }).collect();
+    let bytes = layers.iter().map(|l| l.bytes).sum();
+    ListedImage { layers, ..image(n, refs, bytes) }
+}
+
+#[test]
+fn two_doomed_images_sharing_a_layer_free_it_once() {
+    // b is a built FROM a: Docker lists both at 100 kB + their own, but the base layer is on disk once.
+    let host = store(
+        "host",
+        StoreKind::Host,
+        RemovalMode::PerRef,
+        vec![layered(1, &["a:old"], &[("base", 100_000)]), layered(2, &["b:old"], &[("base", 100_000), ("base+b", 5)])],
+    );
+    let plan = plan(&[host], &Roots::default(), &policy());
+    let store = &plan.stores[0];
+    assert_eq!(store.freed_bytes, 100_005);
+    let bytes: Vec<u64> = store.removals.iter().map(|r| r.bytes).collect();
+    assert_eq!(bytes, vec![100_000, 5], "each layer is counted against the first image that frees it");
+    assert_eq!(store.freed_by_instance, BTreeMap::from([("shop".to_owned(), 100_005)]));
+}
+
+#[test]
+fn a_layer_an_image_outside_kiln_still_uses_is_not_freed() {
+    // The busybox base nobody labeled is listed by its layers alone: no refs, no labels.
+    let base = ListedImage {
+        id: id(7),
+        refs: vec![],
+        digests: vec![],
+        labels: BTreeMap::new(),
+        bytes: 0,
+        layers: vec![Layer { chain: "busybox".into(), bytes: 0 }],
+    };
+    let host = store(
+        "host",
+        StoreKind::Host,
+        RemovalMode::PerRef,
+        vec![base, layered(1, &["a:old"], &[("busybox", 900_000), ("busybox+a", 10)])],
+    );
+    let plan = plan(&[host], &Roots::default(), &policy());
+    assert_eq!(targets(&plan.stores[0]), vec![(r("a:old"), true)], "the base itself is never a candidate");
+    assert_eq!(plan.stores[0].freed_bytes, 10);
+}
+
+fn of_farm(image: ListedImage, farm: &str) -> ListedImage {
+    let mut labels = image.labels.clone();
+    labels.insert(LABEL_FARM.to_owned(), farm.to_owned());
+    ListedImage { labels, ..image }
+}
+
+#[test]
+fn another_farms_hold_keeps_every_ref_of_the_owners_image() {
+    let hold = hold_ref("farm-b", "app:4a77b1c2d3e4-amd64").unwrap();
+    let host =
+        store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &["app:4a77b1c2d3e4-amd64", &hold], 50)]);
+    // farm-a (the owner) has no root left for it: without the hold, its sweep would take the tag.
+    let plan_a = plan(std::slice::from_ref(&host), &Roots::default(), &policy());
+    assert!(plan_a.stores[0].removals.is_empty(), "{:?}", plan_a.stores[0].removals);
+    let unheld = store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &["app:4a77b1c2d3e4-amd64"], 50)]);
+    assert_eq!(
+        targets(&plan(&[unheld], &Roots::default(), &policy()).stores[0]),
+        vec![(r("app:4a77b1c2d3e4-amd64"), true)]
+    );
+}
+
+#[test]
+fn a_farm_drops_its_own_hold_once_no_root_of_its_own_names_the_image() {
+    let tag = "app:4a77b1c2d3e4-amd64";
+    let hold = hold_ref("farm-b", tag).unwrap();
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &[tag, &hold], 50)]);
+    let b = Policy { farm: "farm-b".into() };
+    // farm-b's record still names the tag: the hold stays, and farm-b never touches farm-a's tag.
+    let kept = plan(std::slice::from_ref(&host), &claims(&[tag]), &b);
+    assert!(kept.stores[0].removals.is_empty());
+    // Its reliance ended: only its hold goes, freeing nothing; the owner's tag is not farm-b's.
+    let released = plan(&[host], &Roots::default(), &b);
+    assert_eq!(targets(&released.stores[0]), vec![(r(&hold), false)]);
+    assert_eq!(released.stores[0].freed_bytes, 0);
+    // A third farm's hold on the same image is not farm-b's either.
+    let c_hold = hold_ref("farm-c", tag).unwrap();
+    let third =
+        store("host", StoreKind::Host, RemovalMode::PerRef, vec![of_farm(image(1, &[tag, &c_hold], 50), "farm-a")]);
+    assert!(plan(&[third], &Roots::default(), &b).stores[0].removals.is_empty());
 }

@@ -89,9 +89,14 @@ pub struct ImageSpec {
     >,
     #[prost(string, tag = "8")]
     pub target_stage: ::prost::alloc::string::String,
-    /// NextId: 10
     #[prost(bool, tag = "9")]
     pub shared: bool,
+    /// blake3 (64 hex) of the Dockerfile's bytes, inside the context or outside it: lets the
+    /// coordinator say "Dockerfile changed" apart from the rest of the context. Empty from an older CLI.
+    ///
+    /// NextId: 11
+    #[prost(string, tag = "10")]
+    pub dockerfile_digest: ::prost::alloc::string::String,
 }
 /// Nested message and enum types in `ImageSpec`.
 pub mod image_spec {
@@ -154,10 +159,14 @@ pub struct UpRequest {
     #[prost(bool, tag = "5")]
     pub force: bool,
     /// Who asked ("user@host"), for `kiln status`.
-    ///
-    /// NextId: 7
     #[prost(string, tag = "6")]
     pub requested_by: ::prost::alloc::string::String,
+    /// Plan only: every image with what would happen and why (`KIND_WOULD` events); nothing is
+    /// claimed, uploaded, built, delivered or recorded, and no converge is opened.
+    ///
+    /// NextId: 8
+    #[prost(bool, tag = "7")]
+    pub dry_run: bool,
 }
 /// `kiln down`: delete the instance's record, then sweep. Its events are a converge of that instance.
 /// (Down and Gc were declared in the first release of kiln.v1 and answered UNIMPLEMENTED there.)
@@ -223,7 +232,7 @@ pub struct PinsReply {
     pub pins: ::prost::alloc::vec::Vec<Pinned>,
 }
 #[allow(clippy::all)]
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ConvergeEvent {
     #[prost(string, tag = "1")]
     pub converge_id: ::prost::alloc::string::String,
@@ -253,9 +262,16 @@ pub struct ConvergeEvent {
     pub instance: ::prost::alloc::string::String,
     #[prost(string, tag = "13")]
     pub reference: ::prost::alloc::string::String,
-    /// NextId: 15
     #[prost(uint64, tag = "14")]
     pub count: u64,
+    /// Why an image was skipped, delivered again or built (RECORDED, HELD, BUILDING, WOULD).
+    #[prost(message, optional, tag = "15")]
+    pub reason: ::core::option::Option<Reason>,
+    /// FINISHED of an up: the generation now current (0 when the converge failed).
+    ///
+    /// NextId: 17
+    #[prost(uint64, tag = "16")]
+    pub generation: u64,
 }
 /// Nested message and enum types in `ConvergeEvent`.
 pub mod converge_event {
@@ -306,6 +322,11 @@ pub mod converge_event {
         Swept = 19,
         /// `kiln down` deleted the record of `instance`.
         RecordDeleted = 20,
+        /// A dry run's decision for `image`: `reason` says what would happen and why; nothing happened.
+        /// (Added after the sweep's kinds; an older CLI shows it as a note.)
+        Would = 21,
+        /// The sweep collected uploaded contexts no record or claim names: `count` and `bytes`.
+        ContextsCollected = 22,
     }
     impl Kind {
         /// String value of the enum field names used in the ProtoBuf definition.
@@ -335,6 +356,8 @@ pub mod converge_event {
                 Self::NotRemoved => "KIND_NOT_REMOVED",
                 Self::Swept => "KIND_SWEPT",
                 Self::RecordDeleted => "KIND_RECORD_DELETED",
+                Self::Would => "KIND_WOULD",
+                Self::ContextsCollected => "KIND_CONTEXTS_COLLECTED",
             }
         }
         /// Creates an enum from field names used in the ProtoBuf definition.
@@ -361,6 +384,164 @@ pub mod converge_event {
                 "KIND_NOT_REMOVED" => Some(Self::NotRemoved),
                 "KIND_SWEPT" => Some(Self::Swept),
                 "KIND_RECORD_DELETED" => Some(Self::RecordDeleted),
+                "KIND_WOULD" => Some(Self::Would),
+                "KIND_CONTEXTS_COLLECTED" => Some(Self::ContextsCollected),
+                _ => None,
+            }
+        }
+    }
+}
+/// Why an image was skipped, delivered again or built (DESIGN.md "Every image says why"). Kinds are
+/// only ever added; an unknown kind is shown by the event's message.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct Reason {
+    #[prost(enumeration = "reason::Kind", tag = "1")]
+    pub kind: i32,
+    #[prost(string, tag = "2")]
+    pub converge: ::prost::alloc::string::String,
+    #[prost(message, repeated, tag = "3")]
+    pub changes: ::prost::alloc::vec::Vec<InputChange>,
+    #[prost(string, tag = "4")]
+    pub store: ::prost::alloc::string::String,
+    #[prost(uint64, tag = "5")]
+    pub generation: u64,
+    /// NextId: 7
+    #[prost(string, tag = "6")]
+    pub farm: ::prost::alloc::string::String,
+}
+/// Nested message and enum types in `Reason`.
+pub mod reason {
+    #[allow(clippy::all)]
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum Kind {
+        Unspecified = 0,
+        /// The record names this ref at this target, and the target was seen to hold it.
+        Recorded = 1,
+        /// Not in the record, but a host store holds this farm's image wearing the tag, built by
+        /// converge `converge`: no build, only the delivery.
+        Held = 2,
+        /// No generation of the record names this image.
+        FirstBuild = 3,
+        /// `kiln up --force`.
+        Forced = 4,
+        /// Inputs of the address moved since the recorded generation: `changes`.
+        Changed = 5,
+        /// The record names it, but `store` no longer holds it (removed outside Kiln), since
+        /// generation `generation`: delivered again, or rebuilt from the build cache.
+        Gone = 6,
+        /// Another farm's Kiln image wears the tag on this daemon (`farm`): equivalent by address, so
+        /// it is used, and this farm's hold on it is marked on the daemon.
+        HeldByFarm = 7,
+    }
+    impl Kind {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Unspecified => "KIND_UNSPECIFIED",
+                Self::Recorded => "KIND_RECORDED",
+                Self::Held => "KIND_HELD",
+                Self::FirstBuild => "KIND_FIRST_BUILD",
+                Self::Forced => "KIND_FORCED",
+                Self::Changed => "KIND_CHANGED",
+                Self::Gone => "KIND_GONE",
+                Self::HeldByFarm => "KIND_HELD_BY_FARM",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "KIND_UNSPECIFIED" => Some(Self::Unspecified),
+                "KIND_RECORDED" => Some(Self::Recorded),
+                "KIND_HELD" => Some(Self::Held),
+                "KIND_FIRST_BUILD" => Some(Self::FirstBuild),
+                "KIND_FORCED" => Some(Self::Forced),
+                "KIND_CHANGED" => Some(Self::Changed),
+                "KIND_GONE" => Some(Self::Gone),
+                "KIND_HELD_BY_FARM" => Some(Self::HeldByFarm),
+                _ => None,
+            }
+        }
+    }
+}
+/// One input of an image's address that moved (`before` → `after`).
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct InputChange {
+    #[prost(enumeration = "input_change::Input", tag = "1")]
+    pub input: i32,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "3")]
+    pub before: ::prost::alloc::string::String,
+    /// NextId: 5
+    #[prost(string, tag = "4")]
+    pub after: ::prost::alloc::string::String,
+}
+/// Nested message and enum types in `InputChange`.
+pub mod input_change {
+    #[allow(clippy::all)]
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum Input {
+        Unspecified = 0,
+        /// The context's tree digest; which files moved arrives with per-file entry lists.
+        Context = 1,
+        Dockerfile = 2,
+        /// `name` is the build arg; an empty side means it was absent.
+        BuildArg = 3,
+        Target = 4,
+        /// Comma-separated platform sets.
+        Platforms = 5,
+    }
+    impl Input {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::Unspecified => "INPUT_UNSPECIFIED",
+                Self::Context => "INPUT_CONTEXT",
+                Self::Dockerfile => "INPUT_DOCKERFILE",
+                Self::BuildArg => "INPUT_BUILD_ARG",
+                Self::Target => "INPUT_TARGET",
+                Self::Platforms => "INPUT_PLATFORMS",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "INPUT_UNSPECIFIED" => Some(Self::Unspecified),
+                "INPUT_CONTEXT" => Some(Self::Context),
+                "INPUT_DOCKERFILE" => Some(Self::Dockerfile),
+                "INPUT_BUILD_ARG" => Some(Self::BuildArg),
+                "INPUT_TARGET" => Some(Self::Target),
+                "INPUT_PLATFORMS" => Some(Self::Platforms),
                 _ => None,
             }
         }
@@ -445,10 +626,15 @@ pub struct LogsRequest {
     #[prost(bool, tag = "2")]
     pub follow: bool,
 }
-/// NextId: 1
 #[allow(clippy::all)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
-pub struct ImagesRequest {}
+pub struct ImagesRequest {
+    /// Every farm's Kiln images, not only this coordinator's farm.
+    ///
+    /// NextId: 2
+    #[prost(bool, tag = "1")]
+    pub all_farms: bool,
+}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ListedImage {
@@ -463,8 +649,23 @@ pub struct ListedImage {
         ::prost::alloc::string::String,
         ::prost::alloc::string::String,
     >,
-    /// NextId: 6
     #[prost(uint64, tag = "5")]
+    pub bytes: u64,
+    /// The image's layers, bottom first, each named by its chain (the layer and every layer beneath
+    /// it) with its own size: two images share a layer's bytes exactly when they share its chain.
+    /// Empty when the store does not say: the image's bytes are then counted whole.
+    ///
+    /// NextId: 7
+    #[prost(message, repeated, tag = "6")]
+    pub layers: ::prost::alloc::vec::Vec<Layer>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Layer {
+    #[prost(string, tag = "1")]
+    pub chain: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(uint64, tag = "2")]
     pub bytes: u64,
 }
 #[allow(clippy::all)]
@@ -484,9 +685,13 @@ pub struct StoreImages {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ImagesReply {
-    /// NextId: 2
     #[prost(message, repeated, tag = "1")]
     pub stores: ::prost::alloc::vec::Vec<StoreImages>,
+    /// This coordinator's farm id (`kiln.dev/farm`).
+    ///
+    /// NextId: 3
+    #[prost(string, tag = "2")]
+    pub farm: ::prost::alloc::string::String,
 }
 /// NextId: 1
 #[allow(clippy::all)]
@@ -762,7 +967,7 @@ pub struct Task {
     /// The converge this task serves, for the agent's log spans.
     #[prost(string, tag = "2")]
     pub converge_id: ::prost::alloc::string::String,
-    #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub kind: ::core::option::Option<task::Kind>,
 }
 /// Nested message and enum types in `Task`.
@@ -786,7 +991,30 @@ pub mod task {
         Import(super::ImportTask),
         #[prost(message, tag = "10")]
         KindLoad(super::KindLoadTask),
+        #[prost(message, tag = "11")]
+        Tag(super::TagTask),
+        #[prost(message, tag = "12")]
+        Probe(super::ProbeTask),
     }
+}
+/// Host agent: tag image `image_id` as `reference` — a farm's hold on an image another farm built
+/// (DESIGN.md "A Docker daemon shared by several farms").
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TagTask {
+    #[prost(string, tag = "1")]
+    pub image_id: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(string, tag = "2")]
+    pub reference: ::prost::alloc::string::String,
+}
+/// Host agent: is each ref's manifest in its registry? One HEAD per ref, in parallel.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ProbeTask {
+    /// NextId: 2
+    #[prost(string, repeated, tag = "1")]
+    pub references: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -925,7 +1153,7 @@ pub struct TaskProgress {
 pub struct TaskResult {
     #[prost(string, tag = "1")]
     pub task_id: ::prost::alloc::string::String,
-    #[prost(oneof = "task_result::Outcome", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "task_result::Outcome", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub outcome: ::core::option::Option<task_result::Outcome>,
 }
 /// Nested message and enum types in `TaskResult`.
@@ -951,7 +1179,28 @@ pub mod task_result {
         Imported(super::Imported),
         #[prost(message, tag = "10")]
         KindLoaded(super::KindLoaded),
+        #[prost(message, tag = "11")]
+        Tagged(super::Tagged),
+        #[prost(message, tag = "12")]
+        Probed(super::Probed),
     }
+}
+/// NextId: 1
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Tagged {}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Probed {
+    /// In the order asked: the registry answered 200 for the manifest.
+    #[prost(bool, repeated, tag = "1")]
+    pub present: ::prost::alloc::vec::Vec<bool>,
+    /// In the order asked: why a ref could not be probed (empty when it was); an unprobed ref
+    /// counts as absent, so the converge pushes it again.
+    ///
+    /// NextId: 3
+    #[prost(string, repeated, tag = "2")]
+    pub errors: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -435,7 +435,13 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn up_args(dir: &Path, url: &str) -> UpArgs {
-    UpArgs { dir: dir.to_path_buf(), force: false, connect: Connect::remote(url), output: OutputMode::Quiet }
+    UpArgs {
+        dir: dir.to_path_buf(),
+        force: false,
+        dry_run: false,
+        connect: Connect::remote(url),
+        output: OutputMode::Quiet,
+    }
 }
 
 fn check_succeeded(outcome: &UpOutcome) -> Result<()> {

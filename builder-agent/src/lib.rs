@@ -14,6 +14,7 @@
 
 pub mod host;
 pub mod node;
+mod registry;
 
 mod runner;
 pub mod stores;

@@ -120,6 +120,7 @@ async fn serve(
         dir: config.scratch_dir.clone(),
         err,
     })?;
+    remove_leftovers(&config.scratch_dir);
     let endpoint = Endpoint::from_shared(config.coordinator.clone())
         .map_err(|_| RunError::BadUrl { agent: config.agent_id.clone(), url: config.coordinator.clone() })?
         .connect_timeout(Duration::from_secs(5));
@@ -145,6 +146,24 @@ async fn serve(
                     _ = &mut shutdown => return Ok(()),
                 }
             }
+        }
+    }
+}
+
+/// Context archives an agent killed mid-build left in its scratch directory: no task runs before
+/// the agent connects, so every one of them is a leftover. Only names the agent itself writes
+/// (`<64 hex>-<8 hex>.tar`) are touched.
+fn remove_leftovers(scratch: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(scratch) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let ours = name.strip_suffix(".tar").and_then(|stem| stem.split_once('-')).is_some_and(|(digest, nonce)| {
+            digest.len() == 64 && nonce.len() == 8 && digest.bytes().chain(nonce.bytes()).all(|b| b.is_ascii_hexdigit())
+        });
+        if ours {
+            tracing::info!(file = %entry.path().display(), "removing a context archive a crash left behind");
+            let _ = std::fs::remove_file(entry.path());
         }
     }
 }

@@ -43,6 +43,8 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
         Some(pb::task::Kind::Remove(r)) => remove(&ctx, r).await,
         Some(pb::task::Kind::Export(e)) => export(&ctx, e).await,
         Some(pb::task::Kind::KindLoad(k)) => kind_load(&ctx, k).await,
+        Some(pb::task::Kind::Tag(t)) => tag(&ctx, t).await,
+        Some(pb::task::Kind::Probe(p)) => probe(p).await,
         Some(pb::task::Kind::Import(_)) => Err((
             ErrorKind::Unsupported,
             format!("host agent {} does not import — send imports to a node agent", ctx.agent_id),
@@ -162,9 +164,37 @@ async fn list(ctx: &TaskContext, l: pb::ListTask) -> TaskResult {
         true => ctx.store.images_in_use().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?,
         false => Vec::new(),
     };
-    let images = ctx.store.list_labeled().await.map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
+    let images = match l.layers {
+        true => ctx.store.list_with_layers().await,
+        false => ctx.store.list_labeled().await,
+    }
+    .map_err(|e: HostError| failed(kiln_core::error_chain(&e)))?;
     let Outcome::Listing(out) = listing(images) else { unreachable!("listing() builds a listing") };
     Ok(Outcome::Listing(pb::Listing { in_use, workloads_listed: l.workloads, removes_whole_ids: false, ..out }))
+}
+
+async fn tag(ctx: &TaskContext, t: pb::TagTask) -> TaskResult {
+    ctx.store.tag(&t.image_id, &t.reference).await.map_err(|e| failed(kiln_core::error_chain(&e)))?;
+    Ok(Outcome::Tagged(pb::Tagged {}))
+}
+
+async fn probe(p: pb::ProbeTask) -> TaskResult {
+    let answers = crate::registry::probe(&p.references).await;
+    let mut out = pb::Probed::default();
+    for (reference, answer) in p.references.iter().zip(answers) {
+        match answer {
+            Ok(present) => {
+                out.present.push(present);
+                out.errors.push(String::new());
+            }
+            Err(why) => {
+                tracing::warn!(%reference, %why, "registry probe failed; the ref counts as absent");
+                out.present.push(false);
+                out.errors.push(why);
+            }
+        }
+    }
+    Ok(Outcome::Probed(out))
 }
 
 async fn inspect(ctx: &TaskContext, i: pb::InspectTask) -> TaskResult {
@@ -223,6 +253,7 @@ pub(crate) fn listing(images: Vec<kiln_core::sweep::ListedImage>) -> Outcome {
             digests: i.digests,
             labels: i.labels.into_iter().collect(),
             bytes: i.bytes,
+            layers: i.layers.into_iter().map(|l| pb::Layer { chain: l.chain, bytes: l.bytes }).collect(),
         })
         .collect();
     Outcome::Listing(pb::Listing { images, ..Default::default() })

@@ -36,6 +36,10 @@ pub enum EventKind {
     Swept,
     /// `kiln down` deleted the instance's record.
     RecordDeleted,
+    /// A dry run's decision for an image: what would happen, and why.
+    Would,
+    /// The sweep collected uploaded contexts: `count` and `bytes`.
+    ContextsCollected,
     /// A kind from a newer coordinator, with its wire number.
     Unknown(i32),
 }
@@ -64,6 +68,8 @@ impl EventKind {
             EventKind::NotRemoved => "not_removed",
             EventKind::Swept => "swept",
             EventKind::RecordDeleted => "record_deleted",
+            EventKind::Would => "would",
+            EventKind::ContextsCollected => "contexts_collected",
             EventKind::Unknown(_) => "unknown",
         }
     }
@@ -91,6 +97,8 @@ impl EventKind {
             Ok(K::NotRemoved) => EventKind::NotRemoved,
             Ok(K::Swept) => EventKind::Swept,
             Ok(K::RecordDeleted) => EventKind::RecordDeleted,
+            Ok(K::Would) => EventKind::Would,
+            Ok(K::ContextsCollected) => EventKind::ContextsCollected,
             Ok(K::Unspecified) | Err(_) => EventKind::Unknown(kind),
         }
     }
@@ -118,6 +126,8 @@ impl EventKind {
             EventKind::NotRemoved => K::NotRemoved,
             EventKind::Swept => K::Swept,
             EventKind::RecordDeleted => K::RecordDeleted,
+            EventKind::Would => K::Would,
+            EventKind::ContextsCollected => K::ContextsCollected,
             EventKind::Unknown(n) => return n,
         };
         kind as i32
@@ -191,6 +201,77 @@ pub struct Event {
     pub reference: String,
     /// `Swept`: how many images went.
     pub count: u64,
+    /// `Finished` of an up: the generation now current.
+    pub generation: u64,
+    /// Why an image was skipped, delivered or built (`Recorded`, `Held`, `Building`, `Would`).
+    pub reason: Option<Reason>,
+}
+
+/// Why an image was skipped, delivered or built, as `--json` carries it: `kind` is one of
+/// `recorded`, `held`, `first_build`, `forced`, `changed`, `gone`, `held_by_farm` (or `unknown`
+/// from a newer coordinator); the other fields appear when they say something.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Reason {
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub converge: String,
+    /// `changed`: each input that moved. Room is left for the files that moved (entry lists).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<Change>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub store: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub farm: String,
+}
+
+/// One input of an image's address that moved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Change {
+    /// `context`, `dockerfile`, `build_arg`, `target`, `platforms`, `delivery`.
+    pub input: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    pub before: String,
+    pub after: String,
+}
+
+impl From<kiln_proto::v1::Reason> for Reason {
+    fn from(r: kiln_proto::v1::Reason) -> Reason {
+        use kiln_proto::v1::input_change::Input;
+        use kiln_proto::v1::reason::Kind;
+        let kind = match Kind::try_from(r.kind) {
+            Ok(Kind::Recorded) => "recorded",
+            Ok(Kind::Held) => "held",
+            Ok(Kind::FirstBuild) => "first_build",
+            Ok(Kind::Forced) => "forced",
+            Ok(Kind::Changed) => "changed",
+            Ok(Kind::Gone) => "gone",
+            Ok(Kind::HeldByFarm) => "held_by_farm",
+            Ok(Kind::Unspecified) | Err(_) => "unknown",
+        };
+        let changes = r
+            .changes
+            .into_iter()
+            .map(|c| Change {
+                input: match Input::try_from(c.input) {
+                    Ok(Input::Context) => "context",
+                    Ok(Input::Dockerfile) => "dockerfile",
+                    Ok(Input::BuildArg) => "build_arg",
+                    Ok(Input::Target) => "target",
+                    Ok(Input::Platforms) => "platforms",
+                    Ok(Input::Delivery) => "delivery",
+                    Ok(Input::Unspecified) | Err(_) => "unknown",
+                },
+                name: c.name,
+                before: c.before,
+                after: c.after,
+            })
+            .collect();
+        let generation = (kind == "gone").then_some(r.generation);
+        Reason { kind, converge: r.converge, changes, store: r.store, generation, farm: r.farm }
+    }
 }
 
 impl Event {
@@ -212,6 +293,8 @@ impl Event {
             instance: String::new(),
             reference: String::new(),
             count: 0,
+            generation: 0,
+            reason: None,
         }
     }
 }
@@ -233,6 +316,8 @@ impl From<ConvergeEvent> for Event {
             instance: e.instance,
             reference: e.reference,
             count: e.count,
+            generation: e.generation,
+            reason: e.reason.map(Reason::from),
         }
     }
 }
@@ -254,6 +339,9 @@ impl From<&Event> for ConvergeEvent {
             instance: e.instance.clone(),
             reference: e.reference.clone(),
             count: e.count,
+            generation: e.generation,
+            // The wire form is only ever read, never rebuilt from a shown event.
+            reason: None,
         }
     }
 }
@@ -264,7 +352,7 @@ mod tests {
 
     #[test]
     fn every_known_kind_survives_the_wire_and_an_unknown_one_is_kept_by_number() {
-        for n in 1..=20 {
+        for n in 1..=22 {
             let wire = ConvergeEvent { kind: n, ..Default::default() };
             let event = Event::from(wire.clone());
             assert!(!matches!(event.kind, EventKind::Unknown(_)), "kind {n} not known");

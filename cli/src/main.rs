@@ -28,23 +28,33 @@ coordinator and host agent in this process, with their state in $KILN_HOME
     after_help = EXIT_CODES
 )]
 struct Cli {
+    #[command(flatten)]
+    remote: Remote,
     #[command(subcommand)]
     command: Command,
 }
 
-/// Which coordinator to talk to, and how to print.
+/// Which coordinator to talk to, and how to print. Global: before or after the subcommand.
 #[derive(Args, Debug)]
 struct Remote {
     /// The coordinator's URL, e.g. http://127.0.0.1:7070. Without it, an embedded coordinator and
     /// host agent run in this process with their state in $KILN_HOME.
-    #[arg(long, env = "KILN_COORDINATOR", value_name = "URL")]
+    #[arg(long, global = true, env = "KILN_COORDINATOR", value_name = "URL")]
     coordinator: Option<String>,
-    /// Print JSON: one object per event (up, logs), one document otherwise.
-    #[arg(long)]
+    /// Print JSON: one object per event (up, logs, gc, down), one document otherwise.
+    #[arg(long, global = true)]
     json: bool,
-    /// How long to keep retrying a coordinator that cannot be reached, in seconds.
-    #[arg(long, env = "KILN_RETRY_WINDOW", value_name = "SECS", default_value_t = 90)]
-    retry_window: u64,
+    /// How long to keep trying to reach the coordinator, in seconds; each failed attempt is said
+    /// on stderr as it happens.
+    #[arg(
+        long,
+        global = true,
+        env = "KILN_CONNECT_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 90,
+        alias = "retry-window"
+    )]
+    connect_timeout: u64,
 }
 
 impl Remote {
@@ -52,7 +62,7 @@ impl Remote {
         Connect {
             coordinator: self.coordinator.clone().filter(|url| !url.is_empty()),
             kiln_home: None,
-            retry_window: Duration::from_secs(self.retry_window),
+            retry_window: Duration::from_secs(self.connect_timeout),
         }
     }
 
@@ -68,6 +78,7 @@ impl Remote {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Converge an instance: build what changed, deliver it, record it, sweep what nothing needs.
+    /// Every image says why it was skipped, delivered or built.
     Up {
         /// The instance folder holding `kiln.toml`.
         #[arg(default_value = ".")]
@@ -75,19 +86,20 @@ enum Command {
         /// Rebuild and redeliver every built image, whatever is recorded or held.
         #[arg(long)]
         force: bool,
-        #[command(flatten)]
-        remote: Remote,
+        /// Print the plan — every image with what would happen and why — and change nothing:
+        /// no claim, upload, build, delivery or record.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Take an instance down: delete its record, then sweep what nothing else needs. No prompt.
     Down {
         /// The instance folder whose `kiln.toml` names the instance.
         #[arg(default_value = ".")]
         dir: PathBuf,
-        #[command(flatten)]
-        remote: Remote,
     },
     /// Sweep now: remove every image this farm built that no record, claim, pin or container
-    /// needs. No prompt: it removes only what Kiln built and nothing a root names.
+    /// needs, and the uploaded contexts no record or claim names. No prompt: it removes only what
+    /// Kiln built and nothing a root names.
     Gc {
         /// Print the plan per store, with bytes per instance; remove nothing.
         #[arg(long)]
@@ -95,51 +107,30 @@ enum Command {
         /// Remove only this instance's images.
         #[arg(long, value_name = "NAME")]
         instance: Option<String>,
-        #[command(flatten)]
-        remote: Remote,
     },
     /// Keep a ref (or an image id) through every sweep until it is unpinned.
-    Pin {
-        reference: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
+    Pin { reference: String },
     /// Let a pinned ref go: the next sweep takes it if nothing else needs it.
-    Unpin {
-        reference: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
+    Unpin { reference: String },
     /// List the pinned refs.
-    Pins {
-        #[command(flatten)]
-        remote: Remote,
-    },
+    Pins,
     /// Show the recorded images of every instance (or one) and the recent converges.
-    Status {
-        instance: Option<String>,
-        #[command(flatten)]
-        remote: Remote,
-    },
+    Status { instance: Option<String> },
     /// Replay a converge's events; with --follow, keep going until it finishes.
     Logs {
         /// The converge id (`kiln status` lists them).
         id: String,
         #[arg(long)]
         follow: bool,
-        #[command(flatten)]
-        remote: Remote,
     },
-    /// List the images in every store the agents manage.
+    /// List this farm's images in every store the agents manage.
     Images {
-        #[command(flatten)]
-        remote: Remote,
+        /// Every farm's Kiln images, with a farm column.
+        #[arg(long)]
+        all_farms: bool,
     },
     /// List the agents the coordinator knows.
-    Agents {
-        #[command(flatten)]
-        remote: Remote,
-    },
+    Agents,
     /// Print the tree digest of a build context (what its content tag addresses).
     Digest {
         /// The context directory.
@@ -180,23 +171,25 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let plumbing = match cli.command {
-        Command::Digest { dir, list, dockerfile } => Some(kiln::plumbing::digest(&dir, list, dockerfile)),
-        Command::Pack { dir, output, dockerfile } => Some(kiln::plumbing::pack(&dir, &output, dockerfile)),
-        Command::Unpack { file, dir, expect } => Some(kiln::plumbing::unpack(&file, &dir, expect.as_deref())),
-        Command::Refs { dir } => Some(kiln::plumbing::refs(&dir)),
-        command => return run(command),
+        Command::Digest { dir, list, dockerfile } => kiln::plumbing::digest(&dir, list, dockerfile),
+        Command::Pack { dir, output, dockerfile } => kiln::plumbing::pack(&dir, &output, dockerfile),
+        Command::Unpack { file, dir, expect } => kiln::plumbing::unpack(&file, &dir, expect.as_deref()),
+        Command::Refs { dir } => kiln::plumbing::refs(&dir),
+        command => return run(command, &cli.remote),
     };
     match plumbing {
-        Some(Err(err)) => {
+        Ok(()) => ExitCode::SUCCESS,
+        // `kiln digest … | head`: the reader has what it wanted.
+        Err(err) if kiln::plumbing::is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
             eprintln!("kiln: {err:#}");
-            ExitCode::FAILURE
+            ExitCode::from(kiln::plumbing::exit_of(&err).code())
         }
-        _ => ExitCode::SUCCESS,
     }
 }
 
 /// The commands that talk to a coordinator.
-fn run(command: Command) -> ExitCode {
+fn run(command: Command, remote: &Remote) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -204,8 +197,10 @@ fn run(command: Command) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(command)) {
+    match runtime.block_on(dispatch(command, remote)) {
         Ok(exit) => ExitCode::from(exit.code()),
+        // `kiln logs … | head`: the reader closed the pipe because it has what it wanted.
+        Err(CliError::Output(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("kiln: {}", report(&err));
             ExitCode::from(err.exit().code())
@@ -213,61 +208,52 @@ fn run(command: Command) -> ExitCode {
     }
 }
 
-/// A gc's or down's exit: its converge's, with the failure on stderr.
-fn job_exit(job: &str, run: &kiln::UpOutcome) -> Result<Exit, CliError> {
-    if let Some(failure) = &run.failure {
+/// A gc's or down's exit: its converge's. The failure was shown with the job's events; JSON
+/// output (events on stdout) also says it once on stderr for a script's log.
+fn job_exit(job: &str, run: &kiln::UpOutcome, remote: &Remote) -> Result<Exit, CliError> {
+    if let (Some(failure), true) = (&run.failure, remote.json) {
         eprintln!("kiln: {job} ({}) failed: {failure}", run.converge_id);
     }
     Ok(run.exit())
 }
 
-async fn dispatch(command: Command) -> Result<Exit, CliError> {
+async fn dispatch(command: Command, remote: &Remote) -> Result<Exit, CliError> {
+    let (connect, output) = (remote.connect(), remote.output());
     match command {
-        Command::Up { dir, force, remote } => {
-            let args = kiln::UpArgs { dir, force, connect: remote.connect(), output: remote.output() };
+        Command::Up { dir, force, dry_run } => {
+            let args = kiln::UpArgs { dir, force, dry_run, connect, output };
             let outcome = kiln::up(args).await?;
-            if let Some(failure) = &outcome.failure {
-                eprintln!("kiln: converge {} failed: {failure}", outcome.converge_id);
-            }
-            Ok(outcome.exit())
+            job_exit("converge", &outcome, remote)
         }
-        Command::Down { dir, remote } => {
-            let args = kiln::DownArgs { dir, connect: remote.connect(), output: remote.output() };
-            let outcome = kiln::down(args).await?;
-            job_exit("down", &outcome.run)
+        Command::Down { dir } => {
+            let outcome = kiln::down(kiln::DownArgs { dir, connect, output }).await?;
+            job_exit("down", &outcome.run, remote)
         }
-        Command::Gc { dry_run, instance, remote } => {
-            let args = kiln::GcArgs { dry_run, instance, connect: remote.connect(), output: remote.output() };
-            let outcome = kiln::gc(args).await?;
-            job_exit("gc", &outcome.run)
+        Command::Gc { dry_run, instance } => {
+            let outcome = kiln::gc(kiln::GcArgs { dry_run, instance, connect, output }).await?;
+            job_exit("gc", &outcome.run, remote)
         }
-        Command::Pin { reference, remote } => {
-            let args = kiln::PinArgs { reference, connect: remote.connect(), output: remote.output() };
-            kiln::pin(args).await.map(|_| Exit::Converged)
+        Command::Pin { reference } => {
+            kiln::pin(kiln::PinArgs { reference, connect, output }).await.map(|_| Exit::Converged)
         }
-        Command::Unpin { reference, remote } => {
-            let args = kiln::PinArgs { reference, connect: remote.connect(), output: remote.output() };
-            kiln::unpin(args).await.map(|_| Exit::Converged)
+        Command::Unpin { reference } => {
+            kiln::unpin(kiln::PinArgs { reference, connect, output }).await.map(|_| Exit::Converged)
         }
-        Command::Pins { remote } => {
-            let args = kiln::ListArgs { connect: remote.connect(), output: remote.output() };
-            kiln::pins(args).await.map(|_| Exit::Converged)
+        Command::Pins => {
+            kiln::pins(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)
         }
-        Command::Status { instance, remote } => {
-            let args = kiln::StatusArgs { instance, connect: remote.connect(), output: remote.output() };
-            kiln::status(args).await.map(|_| Exit::Converged)
+        Command::Status { instance } => {
+            kiln::status(kiln::StatusArgs { instance, connect, output }).await.map(|_| Exit::Converged)
         }
-        Command::Logs { id, follow, remote } => {
-            let args = kiln::LogsArgs { converge_id: id, follow, connect: remote.connect(), output: remote.output() };
+        Command::Logs { id, follow } => {
+            let args = kiln::LogsArgs { converge_id: id, follow, connect, output };
             kiln::logs(args).await.map(|_| Exit::Converged)
         }
-        Command::Images { remote } => {
-            let args = kiln::ListArgs { connect: remote.connect(), output: remote.output() };
-            kiln::images(args).await.map(|_| Exit::Converged)
+        Command::Images { all_farms } => {
+            kiln::images(kiln::ListArgs { connect, output, all_farms }).await.map(|_| Exit::Converged)
         }
-        Command::Agents { remote } => {
-            let args = kiln::ListArgs { connect: remote.connect(), output: remote.output() };
-            kiln::agents(args).await.map(|_| Exit::Converged)
+        Command::Agents => {
+            kiln::agents(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)
         }
         Command::Digest { .. } | Command::Pack { .. } | Command::Unpack { .. } | Command::Refs { .. } => {
             unreachable!("the plumbing commands run without a runtime")

@@ -9,7 +9,43 @@ use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
+/// A plumbing command's input is the user's: a directory that is not there, a manifest or a
+/// digest that does not parse is a usage error (exit 2), as it is for `kiln up`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(String);
+
+/// The exit code of a plumbing failure: 2 for what the user gave, 1 for the rest.
+pub fn exit_of(err: &anyhow::Error) -> crate::Exit {
+    let usage = err.chain().any(|e| {
+        e.is::<Usage>()
+            || e.is::<kiln_core::manifest::ManifestError>()
+            || e.is::<kiln_core::manifest::AddressError>()
+            || e.is::<kiln_core::digest::DigestParseError>()
+    });
+    if usage {
+        crate::Exit::Usage
+    } else {
+        crate::Exit::Failed
+    }
+}
+
+/// True when the failure is only that whoever read stdout stopped (`| head`).
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| e.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+}
+
+/// Refuses a context path that is not a directory, naming it (the walk would name it `.`).
+fn context_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(Usage(format!("{} is not a directory — give a build context directory", dir.display())).into()),
+        Err(err) => Err(Usage(format!("cannot read context directory {}: {err}", dir.display())).into()),
+    }
+}
+
 pub fn digest(dir: &Path, list: bool, dockerfile: String) -> Result<()> {
+    context_dir(dir)?;
     let (tree, digest) = digest_dir(dir, &WalkOptions { dockerfile: Some(dockerfile) })?;
     let mut out = BufWriter::new(io::stdout().lock());
     if list {
@@ -34,6 +70,7 @@ pub fn digest(dir: &Path, list: bool, dockerfile: String) -> Result<()> {
 }
 
 pub fn pack(dir: &Path, output: &Path, dockerfile: String) -> Result<()> {
+    context_dir(dir)?;
     let (tree, digest) = digest_dir(dir, &WalkOptions { dockerfile: Some(dockerfile) })?;
     let packed = if output == Path::new("-") {
         archive::pack(&tree, BufWriter::new(io::stdout().lock()))?

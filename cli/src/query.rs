@@ -34,11 +34,13 @@ pub struct LogsArgs {
     pub output: OutputMode,
 }
 
-/// `kiln images` and `kiln agents`.
+/// `kiln images`, `kiln agents`, `kiln pins`.
 #[derive(Clone, Debug, Default)]
 pub struct ListArgs {
     pub connect: Connect,
     pub output: OutputMode,
+    /// `kiln images --all-farms`: every farm's Kiln images, not only this coordinator's.
+    pub all_farms: bool,
 }
 
 /// The records and recent converges the coordinator holds.
@@ -95,17 +97,18 @@ pub async fn logs_with(args: &LogsArgs, render: &mut dyn Render) -> Result<Vec<E
 
 /// What every image store an agent reported holds.
 pub async fn images(args: ListArgs) -> Result<Vec<StoreView>, CliError> {
+    let all_farms = args.all_farms;
     let stores: Vec<StoreView> = with_coordinator(&args.connect, true, |link| async move {
         let client = KilnClient::new(link.channel.clone());
         let reply = connect::call(&link, "Images", Kind::Read, || {
             let mut client = client.clone();
-            async move { client.images(ImagesRequest {}).await }
+            async move { client.images(ImagesRequest { all_farms }).await }
         })
         .await?;
         Ok(reply.into_inner().stores.into_iter().map(StoreView::from).collect())
     })
     .await?;
-    show(args.output, &stores, |s| images_text(s))?;
+    show(args.output, &stores, |s| images_text(s, all_farms))?;
     Ok(stores)
 }
 

@@ -80,7 +80,16 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
                     (String::new(), contents)
                 }
             };
+            // The Dockerfile's own hash, so a rebuild can say "Dockerfile changed" apart from the
+            // rest of the context. One small read; the walk already paid for the directory.
+            let dockerfile_digest = match &built.dockerfile {
+                DockerfileLoc::Inside { rel } => std::fs::read(built.context.join(rel))
+                    .map(|bytes| blake3::hash(&bytes).to_hex().to_string())
+                    .unwrap_or_default(),
+                DockerfileLoc::Outside { .. } => blake3::hash(&dockerfile_outside).to_hex().to_string(),
+            };
             let wire = WireImage {
+                dockerfile_digest,
                 name: name.to_string(),
                 kind: image_spec::Kind::Built as i32,
                 reference: reference.to_string(),
@@ -130,6 +139,7 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
         images,
         force,
         requested_by: requested_by.to_string(),
+        dry_run: false,
     };
     Ok(UpPlan { request, contexts })
 }

@@ -27,6 +27,8 @@ pub struct UpArgs {
     pub dir: PathBuf,
     /// Rebuild and redeliver every built image regardless of records and held images.
     pub force: bool,
+    /// Only say what would happen to each image and why; change nothing anywhere.
+    pub dry_run: bool,
     pub connect: Connect,
     pub output: OutputMode,
 }
@@ -34,7 +36,7 @@ pub struct UpArgs {
 impl UpArgs {
     /// `kiln up <dir>` with the embedded coordinator in `$KILN_HOME` and automatic output.
     pub fn new(dir: impl Into<PathBuf>) -> UpArgs {
-        UpArgs { dir: dir.into(), force: false, connect: Connect::default(), output: OutputMode::Auto }
+        UpArgs { dir: dir.into(), force: false, dry_run: false, connect: Connect::default(), output: OutputMode::Auto }
     }
 }
 
@@ -110,9 +112,10 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     let built: Vec<String> = manifest.built().map(|(name, _)| name.to_string()).collect();
     render.addressing(&built);
     let force = args.force;
-    let plan = tokio::task::spawn_blocking(move || plan_up(&manifest, force, &crate::home::requested_by()))
+    let mut plan = tokio::task::spawn_blocking(move || plan_up(&manifest, force, &crate::home::requested_by()))
         .await
         .map_err(|_| CliError::Panicked { what: "walk" })??;
+    plan.request.dry_run = args.dry_run;
     render.addressed(&plan);
 
     let outcome = with_coordinator(&args.connect, true, |link| converge(link, &plan, &mut *render)).await;

@@ -195,7 +195,8 @@ pub fn status_text(view: &StatusView, now_ms: u64) -> String {
 }
 
 /// `kiln images` as text: per store, one row per image.
-pub fn images_text(stores: &[StoreView]) -> String {
+/// `kiln images` as text; with every farm's images, a farm column says whose each is.
+pub fn images_text(stores: &[StoreView], all_farms: bool) -> String {
     let mut out = String::new();
     if stores.is_empty() {
         out.push_str("no store is known — no agent has connected\n");
@@ -215,13 +216,17 @@ pub fn images_text(stores: &[StoreView]) -> String {
         let rows = store.images.iter().map(|i| {
             let label = |key: &str| i.labels.get(key).cloned().unwrap_or_else(|| "-".to_string());
             let refs = if i.refs.is_empty() { "<none>".to_string() } else { i.refs.join(", ") };
-            vec![
+            let mut row = vec![
                 refs,
                 short_id(&i.id),
                 human_bytes(i.bytes),
                 format!("kind={}", label("kiln.dev/kind")),
                 format!("instance={}", label("kiln.dev/instance")),
-            ]
+            ];
+            if all_farms {
+                row.push(format!("farm={}", label("kiln.dev/farm")));
+            }
+            row
         });
         out.push_str(&table(rows, "  "));
     }
@@ -407,7 +412,7 @@ store docker:box (agent embedded-box): 2 image(s)
   <none>                        ffffffffffff  512 B   kind=-      instance=-
 store containerd:n1 (agent n1): listing failed: socket gone
 ";
-        assert_eq!(images_text(&stores), golden);
+        assert_eq!(images_text(&stores, false), golden);
     }
 
     #[test]

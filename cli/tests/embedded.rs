@@ -18,7 +18,13 @@ fn hello(into: &Path) -> (PathBuf, String) {
 }
 
 fn args(dir: &Path, home: &Path) -> UpArgs {
-    UpArgs { dir: dir.to_path_buf(), force: false, connect: Connect::embedded_in(home), output: OutputMode::Quiet }
+    UpArgs {
+        dir: dir.to_path_buf(),
+        force: false,
+        dry_run: false,
+        connect: Connect::embedded_in(home),
+        output: OutputMode::Quiet,
+    }
 }
 
 fn images(events: &[kiln::Event], kind: EventKind) -> Vec<String> {

@@ -23,8 +23,13 @@ fn present(reference: &str) -> bool {
 }
 
 async fn up(dir: &Path, home: &Path) -> kiln::UpOutcome {
-    let args =
-        UpArgs { dir: dir.to_path_buf(), force: false, connect: Connect::embedded_in(home), output: OutputMode::Quiet };
+    let args = UpArgs {
+        dir: dir.to_path_buf(),
+        force: false,
+        dry_run: false,
+        connect: Connect::embedded_in(home),
+        output: OutputMode::Quiet,
+    };
     kiln::up(args).await.unwrap()
 }
 

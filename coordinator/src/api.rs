@@ -37,8 +37,9 @@ type EventStream = ReceiverStream<Result<pb::ConvergeEvent, Status>>;
 /// manifest can name this one; one gc at a time follows from one running converge per instance.
 pub const GC_INSTANCE: &str = "(gc)";
 
-/// How a job run as a converge ended: the `Finished` message, or why it failed.
-type JobResult = Result<String, Failure>;
+/// How a job run as a converge ended: the `Finished` message and, for an up, the generation now
+/// current (0 otherwise); or why it failed.
+type JobResult = Result<(String, u64), Failure>;
 
 /// Runs `job` as the converge `id`: its events persisted and streamed to `live`, `Started` first
 /// (its message naming the job — `gc`, `down` — or empty for an up) and `Finished` last, the
@@ -53,13 +54,13 @@ where
         events.emit(EventKind::Started, None, started);
         let result = job(engine.clone(), id.clone(), events.clone()).await;
         let state = match result {
-            Ok(message) => {
-                events.emit(EventKind::Finished { succeeded: true }, None, message);
+            Ok((message, generation)) => {
+                events.emit(EventKind::Finished { succeeded: true, generation }, None, message);
                 ConvergeState::Succeeded
             }
             Err(failure) => {
                 events.emit(EventKind::Failed, failure.image.as_deref(), failure.reason.clone());
-                events.emit(EventKind::Finished { succeeded: false }, None, failure.reason.clone());
+                events.emit(EventKind::Finished { succeeded: false, generation: 0 }, None, failure.reason.clone());
                 ConvergeState::Failed { reason: failure.reason }
             }
         };
@@ -69,6 +70,30 @@ where
             tracing::warn!(converge = %id, error = %err, "converge not marked finished");
         }
     });
+}
+
+/// `kiln up --dry-run`: decides like a converge and streams what it would do, under an id no
+/// converge carries. Nothing is opened, claimed, uploaded, built, delivered, recorded or logged.
+fn dry_run(engine: Arc<Engine>, plan: UpPlan) -> EventStream {
+    let (live, rx) = mpsc::channel(256);
+    let id = ConvergeId::from(format!("dry-run-{}", ConvergeId::generate(now_ms())));
+    tokio::spawn(async move {
+        let (events, writer) = Events::ephemeral(id.clone(), live);
+        events.emit(EventKind::Started, None, "dry run");
+        match engine.up(&id, &plan, &events).await {
+            Ok(done) => {
+                let message = format!("{} would converge from generation {}", plan.instance, done.generation);
+                events.emit(EventKind::Finished { succeeded: true, generation: done.generation }, None, message);
+            }
+            Err(failure) => {
+                events.emit(EventKind::Failed, failure.image.as_deref(), failure.reason.clone());
+                events.emit(EventKind::Finished { succeeded: false, generation: 0 }, None, failure.reason);
+            }
+        }
+        drop(events);
+        let _ = writer.await;
+    });
+    ReceiverStream::new(rx)
 }
 
 /// A sweep that could not be planned fails the gc or down that asked for it.
@@ -107,6 +132,9 @@ impl pb::kiln_server::Kiln for KilnService {
 
     async fn up(&self, request: Request<pb::UpRequest>) -> Result<Response<EventStream>, Status> {
         let plan = UpPlan::try_from(request.into_inner())?;
+        if plan.dry_run {
+            return Ok(Response::new(dry_run(self.engine.clone(), plan)));
+        }
         let converge =
             self.engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
@@ -129,8 +157,8 @@ impl pb::kiln_server::Kiln for KilnService {
                 tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
             }
             result.map(|done| match done.changed {
-                true => format!("{} at generation {}", plan.instance, done.generation),
-                false => format!("{} unchanged at generation {}", plan.instance, done.generation),
+                true => (format!("{} at generation {}", plan.instance, done.generation), done.generation),
+                false => (format!("{} unchanged at generation {}", plan.instance, done.generation), done.generation),
             })
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -158,7 +186,7 @@ impl pb::kiln_server::Kiln for KilnService {
             // Its roots are gone; what another instance's roots name stays.
             let options = SweepOptions { narrate: true, ..SweepOptions::default() };
             sweep(&engine, &id, &options, &events).await.map_err(sweep_failure)?;
-            Ok(String::new())
+            Ok((String::new(), 0))
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -196,7 +224,7 @@ impl pb::kiln_server::Kiln for KilnService {
             if totals.skipped_stores > 0 {
                 summary.push(format!("{} store(s) not swept", totals.skipped_stores));
             }
-            Ok(summary.join("; "))
+            Ok((summary.join("; "), 0))
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
@@ -313,7 +341,10 @@ impl pb::kiln_server::Kiln for KilnService {
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
-    async fn images(&self, _request: Request<pb::ImagesRequest>) -> Result<Response<pb::ImagesReply>, Status> {
+    async fn images(&self, request: Request<pb::ImagesRequest>) -> Result<Response<pb::ImagesReply>, Status> {
+        let all_farms = request.into_inner().all_farms;
+        let farm = self.engine.config.farm.clone();
+        let hold_key = kiln_core::sweep::farm_key(&farm);
         let mut stores = Vec::new();
         for (agent, store, listed) in crate::sweep::list_every_store(&self.engine.hub.connected()).await {
             let (images, error) = match listed {
@@ -328,14 +359,20 @@ impl pb::kiln_server::Kiln for KilnService {
             };
             // A node store lists everything it holds (the planner needs it all); shown, like a host
             // store's listing, are the images Kiln labeled.
+            // This farm's: what it built, and what it holds of another farm's (its hold tags).
+            let ours = |i: &kiln_core::sweep::ListedImage| {
+                i.labels.get(kiln_core::sweep::LABEL_FARM) == Some(&farm)
+                    || i.refs.iter().any(|r| kiln_core::sweep::hold_key(r) == Some(hold_key.as_str()))
+            };
             let images = images
                 .into_iter()
                 .filter(|i| i.labels.contains_key(kiln_core::sweep::LABEL_KIND))
+                .filter(|i| all_farms || ours(i))
                 .map(crate::convert::wire_image)
                 .collect();
             stores.push(pb::StoreImages { store, agent, images, error });
         }
-        Ok(Response::new(pb::ImagesReply { stores }))
+        Ok(Response::new(pb::ImagesReply { stores, farm }))
     }
 
     async fn agents(&self, _request: Request<pb::AgentsRequest>) -> Result<Response<pb::AgentsReply>, Status> {

@@ -25,6 +25,16 @@ pub struct Contexts {
     dir: PathBuf,
     store: Arc<dyn Store>,
     arrived: Notify,
+    /// Held while a context is collected and while an upload lands, so an upload that arrives
+    /// just after its row was collected is never deleted with the old file.
+    landing: tokio::sync::Mutex<()>,
+}
+
+/// What a collection of the content store took.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub contexts: u64,
+    pub bytes: u64,
 }
 
 impl std::fmt::Debug for Contexts {
@@ -34,9 +44,50 @@ impl std::fmt::Debug for Contexts {
 }
 
 impl Contexts {
+    /// Opens the store in `dir`, removing what a coordinator killed mid-upload left behind: an
+    /// `.upload-*` file is never a context, and no upload is running before the server starts.
     pub fn open(dir: PathBuf, store: Arc<dyn Store>) -> std::io::Result<Contexts> {
         std::fs::create_dir_all(&dir)?;
-        Ok(Contexts { dir, store, arrived: Notify::new() })
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with(".upload-") {
+                tracing::info!(file = %entry.path().display(), "removing an upload a crash left behind");
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(Contexts { dir, store, arrived: Notify::new(), landing: tokio::sync::Mutex::new(()) })
+    }
+
+    /// Collects by reachability: every stored context that `keep` (the records' current and
+    /// previous generations) does not name and no live claim holds is deleted, row and file.
+    /// With `dry_run`, only counts what would go.
+    pub async fn collect(
+        &self,
+        keep: &std::collections::HashSet<String>,
+        now_ms: u64,
+        dry_run: bool,
+    ) -> Result<Collected, crate::store::StoreError> {
+        let claims: std::collections::HashSet<String> =
+            self.store.live_claims(now_ms).await?.into_iter().map(|c| c.reference).collect();
+        let mut collected = Collected::default();
+        for row in self.store.contexts().await? {
+            let claim = format!("{}{}", crate::engine::CONTEXT_CLAIM_PREFIX, row.digest);
+            if keep.contains(&row.digest) || claims.contains(&claim) {
+                continue;
+            }
+            if !dry_run {
+                let _landing = self.landing.lock().await;
+                if !self.store.delete_context_unless_claimed(&row.digest, &claim, now_ms).await? {
+                    continue;
+                }
+                if let Ok(digest) = row.digest.parse::<TreeDigest>() {
+                    let _ = tokio::fs::remove_file(self.path(&digest)).await;
+                }
+            }
+            collected.contexts += 1;
+            collected.bytes += row.bytes;
+        }
+        Ok(collected)
     }
 
     pub fn path(&self, digest: &TreeDigest) -> PathBuf {
@@ -131,9 +182,11 @@ impl Contexts {
                 kiln_core::error_chain(&err)
             )));
         }
+        let landing = self.landing.lock().await;
         tokio::fs::rename(tmp, self.path(&digest)).await.map_err(io)?;
         let row = ContextRow { digest: digest.to_string(), bytes: total, stored_at_ms: 0 };
         self.store.put_context(row).await.map_err(|e| Status::internal(e.to_string()))?;
+        drop(landing);
         self.arrived.notify_waiters();
         Ok(total)
     }

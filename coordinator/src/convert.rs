@@ -1,6 +1,6 @@
 //! Conversions between the wire and the domain that more than one module needs.
 
-use kiln_core::sweep::ListedImage;
+use kiln_core::sweep::{Layer, ListedImage};
 use kiln_proto::v1 as pb;
 
 pub fn listed_image(img: pb::ListedImage) -> ListedImage {
@@ -10,6 +10,7 @@ pub fn listed_image(img: pb::ListedImage) -> ListedImage {
         digests: img.digests,
         labels: img.labels.into_iter().collect(),
         bytes: img.bytes,
+        layers: img.layers.into_iter().map(|l| Layer { chain: l.chain, bytes: l.bytes }).collect(),
     }
 }
 
@@ -20,5 +21,6 @@ pub fn wire_image(img: ListedImage) -> pb::ListedImage {
         digests: img.digests,
         labels: img.labels.into_iter().collect(),
         bytes: img.bytes,
+        layers: img.layers.into_iter().map(|l| pb::Layer { chain: l.chain, bytes: l.bytes }).collect(),
     }
 }

@@ -61,6 +61,7 @@ pub(crate) async fn to_nodes(
     cluster: &str,
     reference: &str,
     name: &str,
+    narrate: bool,
     events: &Events,
 ) -> Result<NodesDelivered, DeliverError> {
     let nodes = cluster_nodes(hub, cluster);
@@ -88,7 +89,9 @@ pub(crate) async fn to_nodes(
         return Err(failed_on(reference, cluster, failures));
     }
     if lacking.is_empty() {
-        events.emit(EventKind::Delivered, Some(name), format!("every node of {cluster} already holds {reference}"));
+        if narrate {
+            events.emit(EventKind::Delivered, Some(name), format!("every node of {cluster} already holds {reference}"));
+        }
         return Ok(done);
     }
 
@@ -197,8 +200,9 @@ pub(crate) async fn to_kind(
     cluster: &str,
     reference: &str,
     name: &str,
+    narrate: bool,
     events: &Events,
-) -> Result<(), DeliverError> {
+) -> Result<Vec<String>, DeliverError> {
     let id = host_image_id(host, converge, reference).await?;
     let task = pb::KindLoadTask { reference: reference.into(), image_id: id, cluster: cluster.into() };
     let loaded = match host.run(converge, pb::task::Kind::KindLoad(task), |_| {}).await? {
@@ -210,8 +214,10 @@ pub(crate) async fn to_kind(
         (n, 0) => format!("{reference} to {n} node(s) of kind cluster {cluster}"),
         (n, s) => format!("{reference} to {n} node(s) of kind cluster {cluster} ({s} already held it)"),
     };
-    events.emit(EventKind::Delivered, Some(name), message);
-    Ok(())
+    if narrate || !loaded.loaded.is_empty() {
+        events.emit(EventKind::Delivered, Some(name), message);
+    }
+    Ok(loaded.loaded)
 }
 
 /// The id of the image `reference` names on `host`; gone is a reason to rebuild.

@@ -4,7 +4,7 @@
 //! Emitting is synchronous and cheap — a queue feeds one writer task — so the engine can report from
 //! inside a task's progress callback without reordering anything.
 
-use crate::model::{ConvergeId, Event, EventKind};
+use crate::model::{ConvergeId, Event, EventKind, Input, Reason};
 use crate::store::Store;
 use kiln_proto::v1 as pb;
 use std::sync::Arc;
@@ -30,12 +30,23 @@ pub struct Events {
 impl Events {
     /// Starts the writer; it ends when every `Events` clone is dropped and the queue is drained.
     pub fn start(store: Arc<dyn Store>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
+        Events::writer(Some(store), id, live)
+    }
+
+    /// Events that are streamed and never persisted: a dry run opens no converge, so it leaves
+    /// nothing in the state, its log included.
+    pub fn ephemeral(id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
+        Events::writer(None, id, live)
+    }
+
+    fn writer(store: Option<Arc<dyn Store>>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
         let writer_id = id.clone();
         let writer = tokio::spawn(async move {
+            let mut seq = 0;
             while let Some(item) = rx.recv().await {
-                let event = match item {
-                    Item::Event { kind, image, message } => {
+                let event = match (item, &store) {
+                    (Item::Event { kind, image, message }, Some(store)) => {
                         match store.append_event(&writer_id, kind, image.as_deref(), &message).await {
                             Ok(event) => to_pb(&writer_id, &event),
                             Err(err) => {
@@ -44,7 +55,12 @@ impl Events {
                             }
                         }
                     }
-                    Item::Live(event) => event,
+                    (Item::Event { kind, image, message }, None) => {
+                        seq += 1;
+                        let at_ms = crate::engine::now_ms();
+                        to_pb(&writer_id, &Event { seq, at_ms, image, kind, message })
+                    }
+                    (Item::Live(event), _) => event,
                 };
                 // A client that went away does not stop the converge.
                 let _ = live.send(Ok(event)).await;
@@ -99,13 +115,30 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
     };
     let kind = match &event.kind {
         EventKind::Started => Kind::Started,
-        EventKind::Recorded => Kind::Recorded,
-        EventKind::Held => Kind::Held,
+        EventKind::Recorded { reference, reason } => {
+            (wire.reference, wire.reason) = (reference.clone(), reason.as_ref().map(reason_to_pb));
+            Kind::Recorded
+        }
+        EventKind::Held { reference, reason } => {
+            (wire.reference, wire.reason) = (reference.clone(), reason.as_ref().map(reason_to_pb));
+            Kind::Held
+        }
+        EventKind::Building { reference, reason } => {
+            (wire.reference, wire.reason) = (reference.clone(), reason.as_ref().map(reason_to_pb));
+            Kind::Building
+        }
+        EventKind::Would { reference, reason, .. } => {
+            (wire.reference, wire.reason) = (reference.clone(), Some(reason_to_pb(reason)));
+            Kind::Would
+        }
+        EventKind::ContextsCollected { count, bytes } => {
+            (wire.count, wire.bytes) = (*count, *bytes);
+            Kind::ContextsCollected
+        }
         EventKind::Uploaded { bytes } => {
             wire.bytes = *bytes;
             Kind::Uploaded
         }
-        EventKind::Building => Kind::Building,
         EventKind::BuildLog => Kind::BuildLog,
         EventKind::Built { secs } => {
             wire.millis = (secs * 1000.0) as u64;
@@ -118,7 +151,10 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
         }
         EventKind::Delivered => Kind::Delivered,
         EventKind::Failed => Kind::Failed,
-        EventKind::Finished { .. } => Kind::Finished,
+        EventKind::Finished { generation, .. } => {
+            wire.generation = *generation;
+            Kind::Finished
+        }
         EventKind::Planned { store, instance, reference, bytes }
         | EventKind::Removed { store, instance, reference, bytes } => {
             (wire.store, wire.instance, wire.reference, wire.bytes) =
@@ -147,10 +183,54 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
     wire
 }
 
+/// A reason as the wire carries it.
+pub fn reason_to_pb(reason: &Reason) -> pb::Reason {
+    use pb::reason::Kind;
+    let mut wire = pb::Reason::default();
+    let kind = match reason {
+        Reason::Recorded => Kind::Recorded,
+        Reason::Held { converge } => {
+            wire.converge = converge.clone();
+            Kind::Held
+        }
+        Reason::FirstBuild => Kind::FirstBuild,
+        Reason::Forced => Kind::Forced,
+        Reason::Changed { changes } => {
+            wire.changes = changes
+                .iter()
+                .map(|c| pb::InputChange {
+                    input: match c.input {
+                        Input::Context => pb::input_change::Input::Context,
+                        Input::Dockerfile => pb::input_change::Input::Dockerfile,
+                        Input::BuildArg => pb::input_change::Input::BuildArg,
+                        Input::Target => pb::input_change::Input::Target,
+                        Input::Platforms => pb::input_change::Input::Platforms,
+                        Input::Delivery => pb::input_change::Input::Delivery,
+                    } as i32,
+                    name: c.name.clone(),
+                    before: c.before.clone(),
+                    after: c.after.clone(),
+                })
+                .collect();
+            Kind::Changed
+        }
+        Reason::Gone { store, generation } => {
+            (wire.store, wire.generation) = (store.clone(), *generation);
+            Kind::Gone
+        }
+        Reason::HeldByFarm { farm } => {
+            wire.farm = farm.clone();
+            Kind::HeldByFarm
+        }
+    };
+    wire.kind = kind as i32;
+    wire
+}
+
 fn outcome(event: &Event) -> pb::Outcome {
     match event.kind {
-        EventKind::Finished { succeeded: true } => pb::Outcome::Succeeded,
-        EventKind::Finished { succeeded: false } => pb::Outcome::Failed,
+        EventKind::Finished { succeeded: true, .. } => pb::Outcome::Succeeded,
+        EventKind::Finished { succeeded: false, .. } => pb::Outcome::Failed,
         _ => pb::Outcome::Unspecified,
     }
 }

@@ -100,6 +100,149 @@ pub struct RecordedImage {
     pub context: Option<String>,
     /// The `USER` the image declares; `None` when it declares none.
     pub user: Option<String>,
+    /// Built images: what their address was computed from, so the next converge can say which
+    /// input moved. Absent in records written before Kiln kept them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<AddressInputs>,
+    /// Built images: the image id delivered (`sha256:…`), so node stores can be asked whether
+    /// they still hold exactly it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
+}
+
+impl RecordedImage {
+    /// A brought or pinned image: its ref, passed through untouched.
+    pub fn passthrough(name: &str, reference: &str, kind: RecordedKind, target: &str) -> RecordedImage {
+        RecordedImage {
+            name: name.to_string(),
+            reference: reference.to_string(),
+            kind,
+            target: target.to_string(),
+            context: None,
+            user: None,
+            inputs: None,
+            image_id: None,
+        }
+    }
+}
+
+/// The inputs of a built image's address (DESIGN.md "The content address"), kept beside it in the
+/// record: cheap, and what lets a converge tell "Dockerfile changed" from "build arg VERSION: 1 → 2".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct AddressInputs {
+    /// The context's tree digest (64 hex).
+    pub tree: String,
+    /// blake3 of the Dockerfile's bytes (64 hex); empty when the client did not say.
+    #[serde(default)]
+    pub dockerfile: String,
+    #[serde(default)]
+    pub args: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub target: String,
+    #[serde(default)]
+    pub platforms: Vec<String>,
+}
+
+/// Why an image was skipped, delivered again or built. Stored in events as JSON; the words a
+/// person reads are [`Reason::words`], the structure is what `--json` carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// The record names this ref at this target, and the target was seen to hold it.
+    Recorded,
+    /// A host store holds this farm's image wearing the tag, built by `converge` (when labeled).
+    Held {
+        #[serde(default)]
+        converge: String,
+    },
+    /// No generation of the record names this image.
+    FirstBuild,
+    Forced,
+    /// Inputs of the address moved since the recorded generation.
+    Changed {
+        changes: Vec<InputChange>,
+    },
+    /// The record names it, but `store` no longer holds it (removed outside Kiln).
+    Gone {
+        store: String,
+        generation: u64,
+    },
+    /// Another farm's Kiln image wears the tag on this daemon: equivalent by address, so used,
+    /// and held under this farm's hold tag.
+    HeldByFarm {
+        farm: String,
+    },
+}
+
+/// One input of an address that moved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputChange {
+    pub input: Input,
+    /// The build arg's name; empty otherwise.
+    #[serde(default)]
+    pub name: String,
+    pub before: String,
+    pub after: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Input {
+    Context,
+    Dockerfile,
+    BuildArg,
+    Target,
+    Platforms,
+    Delivery,
+}
+
+impl Reason {
+    /// The reason as a person reads it after the image's name: `recorded`, `context changed
+    /// (tree 92eeaa18… → 4f01c2d9…)`, `gone from docker@host1 since generation 4 (removed outside Kiln)`.
+    pub fn words(&self) -> String {
+        match self {
+            Reason::Recorded => "recorded".to_string(),
+            Reason::Held { converge } if converge.is_empty() => "held (not in the record)".to_string(),
+            Reason::Held { converge } => format!("held (built by converge {converge}, not in the record)"),
+            Reason::FirstBuild => "first build".to_string(),
+            Reason::Forced => "--force".to_string(),
+            Reason::Changed { changes } if changes.is_empty() => {
+                "inputs changed (recorded before Kiln kept an image's inputs)".to_string()
+            }
+            Reason::Changed { changes } => changes.iter().map(InputChange::words).collect::<Vec<_>>().join("; "),
+            Reason::Gone { store, generation } => {
+                format!("gone from {store} since generation {generation} (removed outside Kiln)")
+            }
+            Reason::HeldByFarm { farm } => format!("held by farm {farm} (same address; its image is used)"),
+        }
+    }
+}
+
+impl InputChange {
+    fn words(&self) -> String {
+        let short = |d: &str| if d.len() > 8 { format!("{}…", &d[..8]) } else { d.to_string() };
+        let side = |v: &str| if v.is_empty() { "(none)".to_string() } else { v.to_string() };
+        match self.input {
+            Input::Context => format!("context changed (tree {} → {})", short(&self.before), short(&self.after)),
+            Input::Dockerfile => "Dockerfile changed".to_string(),
+            Input::BuildArg => format!("build arg {}: {} → {}", self.name, side(&self.before), side(&self.after)),
+            Input::Target => format!("target stage changed ({} → {})", side(&self.before), side(&self.after)),
+            Input::Platforms => {
+                let set = |v: &str| v.split(',').filter(|p| !p.is_empty()).map(short_platform).collect::<Vec<_>>();
+                let (before, after) = (set(&self.before), set(&self.after));
+                let mut moved: Vec<String> =
+                    after.iter().filter(|p| !before.contains(p)).map(|p| format!("+{p}")).collect();
+                moved.extend(before.iter().filter(|p| !after.contains(p)).map(|p| format!("-{p}")));
+                format!("platforms changed: {}", moved.join(" "))
+            }
+            Input::Delivery => format!("delivery changed ({} → {})", side(&self.before), side(&self.after)),
+        }
+    }
+}
+
+/// `linux/arm64` → `arm64`, as content tags spell platforms.
+fn short_platform(oci: &str) -> String {
+    kiln_core::refs::Platform::parse(oci).map(|p| p.to_string()).unwrap_or_else(|_| oci.to_string())
 }
 
 /// One generation of an instance's converged `name → ref` map.
@@ -159,14 +302,37 @@ pub struct Converge {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EventKind {
     Started,
-    /// Skipped build and delivery: the current record names this ref and this target.
-    Recorded,
-    /// Skipped build: an image labeled by this farm already wears the tag.
-    Held,
+    /// Skipped build and delivery: the current record names this ref and this target, and the
+    /// target was seen to hold it.
+    Recorded {
+        #[serde(default)]
+        reference: String,
+        #[serde(default)]
+        reason: Option<Reason>,
+    },
+    /// Skipped build: an image labeled by this farm (or, held, another farm's) already wears the
+    /// tag; or the record names it and only its delivery vanished. The delivery follows.
+    Held {
+        #[serde(default)]
+        reference: String,
+        #[serde(default)]
+        reason: Option<Reason>,
+    },
     Uploaded {
         bytes: u64,
     },
-    Building,
+    Building {
+        #[serde(default)]
+        reference: String,
+        #[serde(default)]
+        reason: Option<Reason>,
+    },
+    /// A dry run's decision: the image would be skipped (`recorded`), delivered or built, and why.
+    Would {
+        reference: String,
+        reason: Reason,
+        action: Action,
+    },
     /// One line of build output (the line is the event's message).
     BuildLog,
     Built {
@@ -182,6 +348,9 @@ pub enum EventKind {
     Finished {
         #[serde(default)]
         succeeded: bool,
+        /// An up that succeeded: the generation now current.
+        #[serde(default)]
+        generation: u64,
     },
     Note,
     /// A removal a dry-run sweep would make. `instance` is the image's owner: an instance,
@@ -213,9 +382,35 @@ pub enum EventKind {
     RecordDeleted {
         instance: String,
     },
+    /// The sweep collected uploaded contexts no record or claim names.
+    ContextsCollected {
+        count: u64,
+        bytes: u64,
+    },
     /// A kind written by a newer kiln.
     #[serde(other)]
     Unknown,
+}
+
+/// What a converge does with one built image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Neither build nor delivery: the target holds it.
+    Skip,
+    /// No build: deliver what a host holds.
+    Deliver,
+    Build,
+}
+
+impl Action {
+    pub fn word(self) -> &'static str {
+        match self {
+            Action::Skip => "skip",
+            Action::Deliver => "deliver",
+            Action::Build => "build",
+        }
+    }
 }
 
 /// One event of a converge, numbered from 1 without gaps within its converge.
@@ -331,11 +526,70 @@ mod tests {
 
     #[test]
     fn event_kinds_round_trip_through_json() {
-        for kind in [EventKind::Uploaded { bytes: 42 }, EventKind::Built { secs: 0.1 + 0.2 }, EventKind::Held] {
+        let held = EventKind::Held { reference: "x:1".into(), reason: Some(Reason::Held { converge: "c1".into() }) };
+        for kind in [EventKind::Uploaded { bytes: 42 }, EventKind::Built { secs: 0.1 + 0.2 }, held] {
             let json = serde_json::to_string(&kind).unwrap();
             assert_eq!(serde_json::from_str::<EventKind>(&json).unwrap(), kind, "{json}");
         }
         assert_eq!(serde_json::to_string(&EventKind::Pushed { bytes: 7 }).unwrap(), r#"{"kind":"pushed","bytes":7}"#);
+    }
+
+    #[test]
+    fn events_stored_before_reasons_still_read() {
+        let old: EventKind = serde_json::from_str(r#"{"kind":"recorded"}"#).unwrap();
+        assert_eq!(old, EventKind::Recorded { reference: String::new(), reason: None });
+        let finished: EventKind = serde_json::from_str(r#"{"kind":"finished","succeeded":true}"#).unwrap();
+        assert_eq!(finished, EventKind::Finished { succeeded: true, generation: 0 });
+        let image: RecordedImage = serde_json::from_str(
+            r#"{"name":"web","reference":"w:1","kind":"built","target":"local","context":null,"user":null}"#,
+        )
+        .unwrap();
+        assert_eq!((image.inputs, image.image_id), (None, None));
+    }
+
+    #[test]
+    fn reasons_read_as_sentences() {
+        let change = |input, name: &str, before: &str, after: &str| InputChange {
+            input,
+            name: name.into(),
+            before: before.into(),
+            after: after.into(),
+        };
+        let words = |reason: Reason| reason.words();
+        assert_eq!(words(Reason::Recorded), "recorded");
+        assert_eq!(words(Reason::FirstBuild), "first build");
+        assert_eq!(words(Reason::Forced), "--force");
+        assert_eq!(
+            words(Reason::Held { converge: "01jabc".into() }),
+            "held (built by converge 01jabc, not in the record)"
+        );
+        assert_eq!(
+            words(Reason::Gone { store: "docker@host1".into(), generation: 4 }),
+            "gone from docker@host1 since generation 4 (removed outside Kiln)"
+        );
+        let tree = |c: char| c.to_string().repeat(64);
+        assert_eq!(
+            words(Reason::Changed { changes: vec![change(Input::Context, "", &tree('9'), &tree('4'))] }),
+            "context changed (tree 99999999… → 44444444…)"
+        );
+        assert_eq!(
+            words(Reason::Changed { changes: vec![change(Input::Dockerfile, "", "a", "b")] }),
+            "Dockerfile changed"
+        );
+        assert_eq!(
+            words(Reason::Changed { changes: vec![change(Input::BuildArg, "VERSION", "1", "2")] }),
+            "build arg VERSION: 1 → 2"
+        );
+        assert_eq!(
+            words(Reason::Changed { changes: vec![change(Input::Target, "", "", "runtime")] }),
+            "target stage changed ((none) → runtime)"
+        );
+        assert_eq!(
+            words(Reason::Changed {
+                changes: vec![change(Input::Platforms, "", "linux/amd64", "linux/amd64,linux/arm64")]
+            }),
+            "platforms changed: +arm64"
+        );
     }
 
     #[test]

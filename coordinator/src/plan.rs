@@ -36,6 +36,8 @@ pub struct BuildInputs {
     pub args: BTreeMap<String, String>,
     pub target_stage: String,
     pub shared: bool,
+    /// blake3 of the Dockerfile's bytes; empty from a client that does not say.
+    pub dockerfile_digest: String,
 }
 
 #[derive(Clone, Debug)]
@@ -63,6 +65,8 @@ pub struct UpPlan {
     pub images: Vec<PlanImage>,
     pub force: bool,
     pub requested_by: String,
+    /// Plan only: say what would happen to each image and why; change nothing anywhere.
+    pub dry_run: bool,
 }
 
 fn missing(field: &str) -> Status {
@@ -123,6 +127,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                         args: image.args.into_iter().collect(),
                         target_stage: image.target_stage,
                         shared: image.shared,
+                        dockerfile_digest: image.dockerfile_digest,
                     })
                 }
                 pb::image_spec::Kind::Brought => PlanKind::Brought,
@@ -139,6 +144,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             images,
             force: req.force,
             requested_by: req.requested_by,
+            dry_run: req.dry_run,
         })
     }
 }

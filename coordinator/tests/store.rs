@@ -33,6 +33,8 @@ fn built(name: &str, reference: &str) -> RecordedImage {
         target: "registry:127.0.0.1:5000".to_owned(),
         context: Some("4a77b1c2d3e4".repeat(5)),
         user: Some("app".to_owned()),
+        inputs: None,
+        image_id: None,
     }
 }
 
@@ -203,7 +205,15 @@ async fn a_converge_running_at_restart_is_failed_with_an_event_and_its_claims_wa
     let clock = Arc::new(ManualClock::new(T0));
     let store = open_at(&path, &clock);
     let running = store.open_converge("shop", "ana").await.unwrap();
-    store.append_event(&running.id, EventKind::Building, Some("api"), "building api").await.unwrap();
+    store
+        .append_event(
+            &running.id,
+            EventKind::Building { reference: String::new(), reason: None },
+            Some("api"),
+            "building api",
+        )
+        .await
+        .unwrap();
     store.claim(&running.id, &refs(&["shop-api:4a77b1c2d3e4-amd64"]), T0 + 30_000).await.unwrap();
     let done = store.open_converge("blog", "bo").await.unwrap();
     store.finish_converge(&done.id, ConvergeState::Succeeded).await.unwrap();
@@ -353,7 +363,7 @@ async fn events_come_back_in_seq_order_and_after_seq_resumes() {
     let kinds = [
         EventKind::Started,
         EventKind::Uploaded { bytes: 1 << 20 },
-        EventKind::Building,
+        EventKind::Building { reference: String::new(), reason: None },
         EventKind::BuildLog,
         EventKind::Built { secs: 12.345 },
         EventKind::Pushed { bytes: 7_000_000 },

@@ -130,7 +130,7 @@ proptest! {
                 now = plans[farm].apply_to(&now);
             }
             let left: BTreeSet<&String> = now[0].images.iter().flat_map(|i| &i.refs).collect();
-            for (i, c) in cases.iter().enumerate().filter(|(_, c)| c.present && (c.named_by[0] || c.named_by[1])) {
+            for (i, _) in cases.iter().enumerate().filter(|(_, c)| c.present && (c.named_by[0] || c.named_by[1])) {
                 prop_assert!(left.contains(&tag(i)), "{} gone after both sweeps", tag(i));
             }
         }

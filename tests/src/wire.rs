@@ -42,6 +42,7 @@ pub fn up_request(
                     args: b.args.clone().into_iter().collect(),
                     target_stage: b.target.clone().unwrap_or_default(),
                     shared: b.shared,
+                    dockerfile_digest: String::new(),
                 }
             }
             ImageSpec::Brought(r) | ImageSpec::Pinned(r) => pb::ImageSpec {
@@ -76,6 +77,7 @@ pub fn up_request(
         images,
         force,
         requested_by: "e2e".to_string(),
+        dry_run: false,
     };
     (req, contexts)
 }

@@ -108,6 +108,12 @@ impl HostStore for CountingStore {
         self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list_labeled().await
     }
+    async fn list_with_layers(&self) -> Result<Vec<ListedImage>, HostError> {
+        self.inner.list_with_layers().await
+    }
+    async fn tag(&self, id: &str, reference: &str) -> Result<(), HostError> {
+        self.inner.tag(id, reference).await
+    }
     async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
         self.inspects.fetch_add(1, Ordering::SeqCst);
         self.inner.inspect(reference).await

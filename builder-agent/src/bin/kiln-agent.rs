@@ -46,7 +46,12 @@ enum Role {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        // `info` unless RUST_LOG says otherwise: an agent that cannot reach its coordinator, or a
+        // converge marked failed at start, must be heard without anyone setting a variable.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();

@@ -45,6 +45,8 @@ pub struct DockerStore {
     pub(super) kind_reach: super::kind::Reach,
     /// Set once the daemon turned a BuildKit build away: every later build is classic.
     classic_only: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Layers read per image id (images never change).
+    layers: std::sync::Arc<super::layers::LayerCache>,
 }
 
 impl DockerStore {
@@ -71,6 +73,7 @@ impl DockerStore {
             endpoint,
             kind_reach: Default::default(),
             classic_only: Default::default(),
+            layers: Default::default(),
         })
     }
 
@@ -221,8 +224,39 @@ impl HostStore for DockerStore {
                 digests: bare_digests(real_names(image.repo_digests)),
                 labels: image.labels.into_iter().collect(),
                 bytes: u64::try_from(image.size).unwrap_or(0),
+                layers: Vec::new(),
             })
             .collect())
+    }
+
+    async fn list_with_layers(&self) -> Result<Vec<ListedImage>, HostError> {
+        let every = self
+            .docker
+            .list_images(Some(ListImagesOptionsBuilder::default().build()))
+            .await
+            .map_err(|err| self.daemon_error("list images", "all", err))?;
+        let mut out = Vec::with_capacity(every.len());
+        for image in every {
+            // Gone since the listing, or unreadable: counted whole if it is Kiln's.
+            let layers = self.layers_of(&image.id).await.unwrap_or_default();
+            let labeled = image.labels.contains_key(LABEL_KIND);
+            out.push(ListedImage {
+                id: image.id,
+                // An image Kiln did not label is listed for its layers alone.
+                refs: if labeled { real_names(image.repo_tags) } else { Vec::new() },
+                digests: if labeled { bare_digests(real_names(image.repo_digests)) } else { Vec::new() },
+                labels: if labeled { image.labels.into_iter().collect() } else { BTreeMap::new() },
+                bytes: if labeled { u64::try_from(image.size).unwrap_or(0) } else { 0 },
+                layers,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn tag(&self, id: &str, reference: &str) -> Result<(), HostError> {
+        let (name, tag) = split_tagged(reference)?;
+        let options = bollard::query_parameters::TagImageOptionsBuilder::default().repo(&name).tag(&tag).build();
+        self.docker.tag_image(id, Some(options)).await.map_err(|err| self.daemon_error("tag", reference, err))
     }
 
     async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
@@ -295,6 +329,23 @@ impl HostStore for DockerStore {
 
     async fn ping(&self) -> Result<(), HostError> {
         self.docker.ping().await.map(|_| ()).map_err(|err| self.daemon_error("ping", "/_ping", err))
+    }
+}
+
+impl DockerStore {
+    /// The image's layers with their sizes (see `layers.rs`), read once per id.
+    async fn layers_of(&self, id: &str) -> Result<Vec<kiln_core::sweep::Layer>, HostError> {
+        if let Some(known) = self.layers.get(id) {
+            return Ok(known);
+        }
+        let image = self.docker.inspect_image(id).await.map_err(|err| self.daemon_error("inspect image", id, err))?;
+        let diffs = image.root_fs.and_then(|r| r.layers).unwrap_or_default();
+        let history = self.docker.image_history(id).await.map_err(|err| self.daemon_error("image history", id, err))?;
+        // The API lists history newest first.
+        let sizes: Vec<u64> = history.iter().rev().map(|h| u64::try_from(h.size).unwrap_or(0)).collect();
+        let layers = super::layers::layers(&diffs, &sizes);
+        self.layers.put(id, layers.clone());
+        Ok(layers)
     }
 }
 

@@ -18,6 +18,7 @@ mod copies;
 mod docker;
 mod error;
 mod kind;
+mod layers;
 mod push;
 mod verify;
 
@@ -121,6 +122,17 @@ pub trait HostStore: Send + Sync {
     /// Every image carrying `kiln.dev/kind`, whatever its farm: the sweep planner decides what is
     /// this farm's.
     async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError>;
+
+    /// [`HostStore::list_labeled`] with each image's layers, plus every other image on the store
+    /// listed by its layers alone (no refs, no labels), so a sweep counts as freed only the layers
+    /// no remaining image uses. A store that cannot tell layers lists the labeled images without.
+    async fn list_with_layers(&self) -> Result<Vec<ListedImage>, HostError> {
+        self.list_labeled().await
+    }
+
+    /// Tags the image `id` (`sha256:…`) as `reference` as well: a farm's hold on an image another
+    /// farm built. The image's other tags stay.
+    async fn tag(&self, id: &str, reference: &str) -> Result<(), HostError>;
 
     /// The image `reference` names, or `None` when the daemon has no such image.
     async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError>;

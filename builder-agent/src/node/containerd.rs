@@ -156,6 +156,7 @@ impl NodeStore for ContainerdStore {
                 digests: Vec::new(),
                 labels: found.labels.clone(),
                 bytes: found.bytes,
+                layers: Vec::new(),
             });
             listed.refs.push(image.name);
             listed.digests.extend(found.digests.iter().cloned());

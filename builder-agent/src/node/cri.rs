@@ -133,7 +133,7 @@ impl NodeStore for CriNodeStore {
             let mut refs = image.repo_tags;
             refs.extend(image.repo_digests.into_iter().filter(|d| is_import_ref(d)));
             refs.sort();
-            listed.push(ListedImage { id: image.id, refs, digests, labels, bytes: image.size });
+            listed.push(ListedImage { id: image.id, refs, digests, labels, bytes: image.size, layers: Vec::new() });
         }
         listed.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(listed)

@@ -1,5 +1,8 @@
 //! `--json`: one object per event, one per line, for scripts (`kiln up --json | jq …`).
 //!
+//! Every line carries `"schema": 2` — version 2 added `reference` on an image's events, `reason`,
+//! and `generation` on an up's `finished`; fields are only ever added within a version.
+//!
 //! The fields are the event's own (converge_id, seq, at_ms, kind as a lowercase word, image,
 //! message, bytes, millis); `contexts` appears only when it lists something, `outcome` only on
 //! `finished`, the sweep's `store`, `instance` and `reference` only when set and `count` only on
@@ -27,8 +30,12 @@ impl<W: Write + Send> Json<W> {
     }
 }
 
+/// The version of the `--json` event schema.
+pub const SCHEMA: u32 = 2;
+
 #[derive(Serialize)]
 struct Line<'a> {
+    schema: u32,
     converge_id: &'a str,
     seq: u64,
     at_ms: u64,
@@ -49,11 +56,16 @@ struct Line<'a> {
     reference: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     count: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'a crate::event::Reason>,
 }
 
 /// The JSON line for `event`, without its newline.
 pub fn line(event: &Event) -> String {
     let line = Line {
+        schema: SCHEMA,
         converge_id: &event.converge_id,
         seq: event.seq,
         at_ms: event.at_ms,
@@ -67,7 +79,9 @@ pub fn line(event: &Event) -> String {
         store: &event.store,
         instance: &event.instance,
         reference: &event.reference,
-        count: (event.kind == EventKind::Swept).then_some(event.count),
+        count: matches!(event.kind, EventKind::Swept | EventKind::ContextsCollected).then_some(event.count),
+        generation: (event.kind == EventKind::Finished && event.generation > 0).then_some(event.generation),
+        reason: event.reason.as_ref(),
     };
     // Serializing plain strings and numbers cannot fail.
     serde_json::to_string(&line).unwrap_or_default()
@@ -96,27 +110,27 @@ mod tests {
         assert_eq!(lines.len(), hello_converge().len());
         assert_eq!(
             lines[0],
-            r#"{"converge_id":"c-17","seq":1,"at_ms":1700000000000,"kind":"started","image":"","message":"","bytes":0,"millis":0}"#
+            r#"{"schema":2,"converge_id":"c-17","seq":1,"at_ms":1700000000000,"kind":"started","image":"","message":"","bytes":0,"millis":0}"#
         );
         assert_eq!(
             lines[1],
             format!(
-                r#"{{"converge_id":"c-17","seq":2,"at_ms":1700000000100,"kind":"need_contexts","image":"","message":"","bytes":0,"millis":0,"contexts":["{}","{}"]}}"#,
+                r#"{{"schema":2,"converge_id":"c-17","seq":2,"at_ms":1700000000100,"kind":"need_contexts","image":"","message":"","bytes":0,"millis":0,"contexts":["{}","{}"]}}"#,
                 "a".repeat(64),
                 "b".repeat(64)
             )
         );
         assert_eq!(
             lines[5],
-            r##"{"converge_id":"c-17","seq":6,"at_ms":1700000000500,"kind":"build_log","image":"web","message":"#1 [internal] load build definition","bytes":0,"millis":0}"##
+            r##"{"schema":2,"converge_id":"c-17","seq":6,"at_ms":1700000000500,"kind":"build_log","image":"web","message":"#1 [internal] load build definition","bytes":0,"millis":0}"##
         );
         assert_eq!(
             lines[7],
-            r#"{"converge_id":"c-17","seq":8,"at_ms":1700000000700,"kind":"built","image":"web","message":"","bytes":0,"millis":3210}"#
+            r#"{"schema":2,"converge_id":"c-17","seq":8,"at_ms":1700000000700,"kind":"built","image":"web","message":"","bytes":0,"millis":3210}"#
         );
         assert_eq!(
             lines[12],
-            r#"{"converge_id":"c-17","seq":13,"at_ms":1700000001200,"kind":"finished","image":"","message":"","bytes":0,"millis":5000,"outcome":"succeeded"}"#
+            r#"{"schema":2,"converge_id":"c-17","seq":13,"at_ms":1700000001200,"kind":"finished","image":"","message":"","bytes":0,"millis":5000,"outcome":"succeeded"}"#
         );
     }
 
@@ -131,12 +145,12 @@ mod tests {
         };
         assert_eq!(
             line(&removed),
-            r#"{"converge_id":"","seq":0,"at_ms":0,"kind":"removed","image":"","message":"","bytes":7,"millis":0,"store":"docker@h","instance":"shop","reference":"shop-api:old"}"#
+            r#"{"schema":2,"converge_id":"","seq":0,"at_ms":0,"kind":"removed","image":"","message":"","bytes":7,"millis":0,"store":"docker@h","instance":"shop","reference":"shop-api:old"}"#
         );
         let swept = Event { bytes: 7, ..Event::new(EventKind::Swept, "", "") };
         assert_eq!(
             line(&swept),
-            r#"{"converge_id":"","seq":0,"at_ms":0,"kind":"swept","image":"","message":"","bytes":7,"millis":0,"count":0}"#
+            r#"{"schema":2,"converge_id":"","seq":0,"at_ms":0,"kind":"swept","image":"","message":"","bytes":7,"millis":0,"count":0}"#
         );
     }
 
@@ -145,7 +159,7 @@ mod tests {
         let event = Event::new(EventKind::BuildLog, "web", "say \"hi\"\n\tthen go");
         assert_eq!(
             line(&event),
-            r#"{"converge_id":"","seq":0,"at_ms":0,"kind":"build_log","image":"web","message":"say \"hi\"\n\tthen go","bytes":0,"millis":0}"#
+            r#"{"schema":2,"converge_id":"","seq":0,"at_ms":0,"kind":"build_log","image":"web","message":"say \"hi\"\n\tthen go","bytes":0,"millis":0}"#
         );
     }
 }

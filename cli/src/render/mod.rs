@@ -101,8 +101,15 @@ pub fn status_text(event: &Event, names: &ContextNames) -> Option<String> {
             bytes => paren(&format!("uploaded context, {}", human_bytes(bytes))),
         },
         EventKind::Recorded => paren("recorded"),
+        // With a reason, the coordinator's message is the whole line: `held (built by converge …)`,
+        // `gone from registry … — pushing again`, `building web:… on h1: context changed (…)`.
+        EventKind::Held | EventKind::Building | EventKind::Would if event.reason.is_some() => event.message.clone(),
         EventKind::Held => paren("held"),
         EventKind::Building => paren("building"),
+        EventKind::Would => event.message.clone(),
+        EventKind::ContextsCollected => {
+            format!("{} ({})", event.message, human_bytes(event.bytes))
+        }
         EventKind::BuildLog => format!("| {}", event.message),
         EventKind::Built => paren(&format!("built in {}", seconds(event.millis))),
         EventKind::Pushing => paren("pushing"),
@@ -120,8 +127,8 @@ pub fn status_text(event: &Event, names: &ContextNames) -> Option<String> {
         EventKind::Finished => match (event.outcome, event.millis) {
             (Outcome::Succeeded, 0) => "converged".to_string(),
             (Outcome::Succeeded, ms) => format!("converged in {}", seconds(ms)),
-            (Outcome::Failed, _) if event.message.is_empty() => "converge failed".to_string(),
-            (Outcome::Failed, _) => format!("converge failed: {}", event.message),
+            // The reason was the `failed` line just before; said once is enough.
+            (Outcome::Failed, _) => format!("converge failed — `kiln logs {}` replays it", event.converge_id),
             (other, _) => paren(&format!("converge finished {}", other.word())),
         },
         EventKind::Planned => {
@@ -152,8 +159,8 @@ pub fn job_finished_text(event: &Event, job: &str) -> String {
     match (event.outcome, event.message.is_empty()) {
         (Outcome::Succeeded, true) => format!("{job}: done"),
         (Outcome::Succeeded, false) => format!("{job}: done ({})", event.message),
-        (_, true) => format!("{job} failed"),
-        (_, false) => format!("{job} failed: {}", event.message),
+        // The reason was the `failed` line just before.
+        _ => format!("{job} failed"),
     }
 }
 

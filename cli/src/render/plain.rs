@@ -189,7 +189,9 @@ gc: done (1 removal(s) failed)
         assert_eq!(tail[1], "── last 20 log line(s) of worker ──");
         assert_eq!(tail[2], "worker | #3 RUN step");
         assert_eq!(tail[21], "worker | #22 RUN step");
-        assert_eq!(tail[22], "converge failed: worker: build failed: RUN step exited 1");
+        // The reason was said once, on the failed image's line; the end only says where to look.
+        assert_eq!(tail[22], "converge failed — `kiln logs c-17` replays it");
+        assert_eq!(out.matches("RUN step exited 1").count(), 1, "{out}");
         assert_eq!(tail.len(), 23);
     }
 }

@@ -101,6 +101,11 @@ pub trait Store: Send + Sync + 'static {
     async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError>;
     async fn put_context(&self, context: ContextRow) -> Result<(), StoreError>;
     async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StoreError>;
+    /// Every indexed context, by digest.
+    async fn contexts(&self) -> Result<Vec<ContextRow>, StoreError>;
+    /// Drops the context's row unless a claim named `claim` lives past `now_ms`; true when a row
+    /// went. Atomic against `claim`, so a converge that claimed the context first keeps it.
+    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StoreError>;
 
     // --- store inventories
     /// Replaces the store's last listing.

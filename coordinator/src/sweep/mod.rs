@@ -100,7 +100,7 @@ pub(crate) async fn sweep(
 ) -> Result<SweepTotals, SweepError> {
     let mut totals = SweepTotals::default();
     let held = held_stores(&engine.hub.connected());
-    let reads = list_all(&held, converge, true).await;
+    let reads = list_all(&held, converge, true, true).await;
 
     // Roots only now: see the module's note on order.
     let roots_err = |what| move |err| SweepError::Roots { what, err };
@@ -161,6 +161,7 @@ pub(crate) async fn sweep(
 
     if options.dry_run {
         planned(&plan, &owners, events, &mut totals);
+        collect_contexts(engine, &records, options, events).await;
         return Ok(totals);
     }
 
@@ -168,7 +169,9 @@ pub(crate) async fn sweep(
     for (index, store_plan) in plan.stores.iter().enumerate().filter(|(_, p)| !p.removals.is_empty()) {
         let Some(store) = by_store.get(&store_plan.store).cloned() else { continue };
         let (store_plan, owners, converge) = (store_plan.clone(), owners.clone(), converge.clone());
-        running.spawn(async move { (index, execute(&store, &converge, &store_plan, &owners).await) });
+        let before =
+            listings.iter().find(|l| l.store == store_plan.store).map(|l| l.images.clone()).unwrap_or_default();
+        running.spawn(async move { (index, execute(&store, &converge, &store_plan, &owners, &before).await) });
     }
     let mut outcomes: Vec<(usize, Result<Confirmed, String>)> = running.join_all().await;
     // Stores ran in parallel; their reports are told in store order, so a replay reads the same.
@@ -207,7 +210,38 @@ pub(crate) async fn sweep(
     if options.narrate || totals.images > 0 {
         events.emit(EventKind::Swept { images: totals.images, bytes: totals.bytes }, None, "");
     }
+    collect_contexts(engine, &records, options, events).await;
     Ok(totals)
+}
+
+/// The content store is collected like the images: an uploaded context stays while a record's
+/// current or previous generation, or a live claim, names it. `gc --instance` leaves it alone (a
+/// context may serve several instances). A failure is said; it never fails the sweep.
+async fn collect_contexts(
+    engine: &Engine,
+    records: &[(crate::model::Record, Option<crate::model::Record>)],
+    options: &SweepOptions,
+    events: &Events,
+) {
+    if options.only_instance.is_some() {
+        return;
+    }
+    let keep: std::collections::HashSet<String> = records
+        .iter()
+        .flat_map(|(current, previous)| std::iter::once(current).chain(previous.as_ref()))
+        .flat_map(|record| record.images.iter().filter_map(|image| image.context.clone()))
+        .collect();
+    match engine.contexts.collect(&keep, now_ms(), options.dry_run).await {
+        Ok(done) if done.contexts > 0 || options.narrate => {
+            let kind = EventKind::ContextsCollected { count: done.contexts, bytes: done.bytes };
+            let verb = if options.dry_run { "would collect" } else { "collected" };
+            events.emit(kind, None, format!("{verb} {} uploaded context(s)", done.contexts));
+        }
+        Ok(_) => {}
+        Err(err) => {
+            events.emit(EventKind::Note, None, format!("contexts not collected: {}", kiln_core::error_chain(&err)))
+        }
+    }
 }
 
 /// Every store the agents announced, in agent then store order.
@@ -233,24 +267,25 @@ pub(crate) async fn list_every_store(
 ) -> Vec<(String, String, Result<Vec<ListedImage>, String>)> {
     let held = held_stores(agents);
     // Not on behalf of a converge: tasks carry an empty converge id, as before.
-    let reads = list_all(&held, &ConvergeId::from(""), false).await;
+    let reads = list_all(&held, &ConvergeId::from(""), false, false).await;
     held.into_iter().zip(reads).map(|(h, read)| (h.agent.id.clone(), h.store.0, read.map(|r| r.images))).collect()
 }
 
 /// Lists every store in parallel; the answers come back in `held`'s order.
-async fn list_all(held: &[Held], converge: &ConvergeId, workloads: bool) -> Vec<Result<Read, String>> {
+async fn list_all(held: &[Held], converge: &ConvergeId, workloads: bool, layers: bool) -> Vec<Result<Read, String>> {
     let mut listing = JoinSet::new();
     for (index, store) in held.iter().cloned().enumerate() {
         let converge = converge.clone();
-        listing.spawn(async move { (index, list(&store, &converge, workloads).await) });
+        listing.spawn(async move { (index, list(&store, &converge, workloads, layers).await) });
     }
     let mut reads = listing.join_all().await;
     reads.sort_by_key(|(index, _)| *index);
     reads.into_iter().map(|(_, read)| read).collect()
 }
 
-async fn list(store: &Held, converge: &ConvergeId, workloads: bool) -> Result<Read, String> {
-    let task = pb::ListTask { workloads, store: store.store.0.clone() };
+async fn list(store: &Held, converge: &ConvergeId, workloads: bool, with_layers: bool) -> Result<Read, String> {
+    // A sweep's listings carry layers, so what it frees is counted in real bytes.
+    let task = pb::ListTask { workloads, store: store.store.0.clone(), layers: with_layers };
     match store.agent.run(converge.as_str(), pb::task::Kind::List(task), |_| {}).await {
         Ok(pb::task_result::Outcome::Listing(l)) => Ok(Read {
             images: l.images.into_iter().map(crate::convert::listed_image).collect(),
@@ -269,6 +304,7 @@ async fn execute(
     converge: &ConvergeId,
     store_plan: &StorePlan,
     owners: &HashMap<String, String>,
+    before: &[ListedImage],
 ) -> Result<Confirmed, String> {
     let mut task = pb::RemoveTask { store: store.store.0.clone(), ..Default::default() };
     for removal in &store_plan.removals {
@@ -292,8 +328,8 @@ async fn execute(
             failures.extend(store_plan.removals.iter().map(|r| (target_text(&r.target).to_string(), why.clone())));
         }
     }
-    let after = list(store, converge, false).await.map_err(|why| format!("listing it again failed: {why}"))?;
-    Ok(confirm(store_plan, owners, &after.images, &failures))
+    let after = list(store, converge, false, true).await.map_err(|why| format!("listing it again failed: {why}"))?;
+    Ok(confirm(store_plan, owners, before, &after.images, &failures))
 }
 
 /// A dry run's report: every removal it would make, and what it would free.
@@ -330,4 +366,13 @@ fn report_kept_whole(plan: &Plan, events: &Events) {
             );
         }
     }
+}
+
+/// The id of `agent`'s host store, as it announced it: what reasons and events name a host by.
+pub(crate) fn host_store_of(agent: &AgentConn) -> String {
+    agent
+        .stores()
+        .into_iter()
+        .find(|s| matches!(s.kind(), pb::store_info::Kind::Host | pb::store_info::Kind::Unspecified))
+        .map_or_else(|| format!("docker@{}", agent.id), |s| s.id)
 }

@@ -69,16 +69,32 @@ pub(super) struct Confirmed {
 }
 
 /// Judges `plan`'s removals against `after`, the store's listing once they ran. `owners` maps
-/// image ids to their owner (from the listing the plan was made from); `failures` holds the
-/// agent's reason for each target it could not remove.
+/// image ids to their owner (from the listing the plan was made from), `before` is that listing;
+/// `failures` holds the agent's reason for each target it could not remove.
+///
+/// Bytes are what really came back: of the images that went, the layers no image left on the store
+/// uses, each counted once (two removed images sharing a base free it once, not twice).
 pub(super) fn confirm(
     plan: &StorePlan,
     owners: &HashMap<String, String>,
+    before: &[ListedImage],
     after: &[ListedImage],
     failures: &HashMap<String, String>,
 ) -> Confirmed {
     let present: HashMap<&str, HashSet<&str>> =
         after.iter().map(|image| (image.id.as_str(), image.refs.iter().map(String::as_str).collect())).collect();
+    let freed_ids: HashSet<&str> = plan
+        .removals
+        .iter()
+        .filter(|r| r.frees && !present.contains_key(r.id.as_str()))
+        .map(|r| r.id.as_str())
+        .collect();
+    let mut going: Vec<&ListedImage> = before.iter().filter(|i| freed_ids.contains(i.id.as_str())).collect();
+    going.sort_by(|a, b| a.id.cmp(&b.id));
+    going.dedup_by(|a, b| a.id == b.id);
+    let staying: Vec<&ListedImage> = after.iter().collect();
+    let reclaimed: HashMap<&str, u64> =
+        going.iter().map(|i| i.id.as_str()).zip(kiln_core::sweep::reclaimed(&going, &staying)).collect();
     let mut confirmed = Confirmed::default();
     for removal in &plan.removals {
         let target = target_text(&removal.target).to_string();
@@ -97,7 +113,11 @@ pub(super) fn confirm(
             continue;
         }
         let freed = removal.frees && !present.contains_key(removal.id.as_str());
-        let bytes = if freed { removal.bytes } else { 0 };
+        // An image the listing the plan was made from did not show is counted as planned.
+        let bytes = match freed {
+            true => reclaimed.get(removal.id.as_str()).copied().unwrap_or(removal.bytes),
+            false => 0,
+        };
         if freed {
             confirmed.images += 1;
             confirmed.bytes += bytes;
@@ -137,6 +157,29 @@ mod tests {
             kept_whole: vec![],
             freed_by_instance: BTreeMap::new(),
         }
+    }
+
+    #[test]
+    fn bytes_two_removed_images_share_are_confirmed_once_and_a_layer_still_used_not_at_all() {
+        let layered = |id: &str, refs: &[&str], layers: &[(&str, u64)]| ListedImage {
+            layers: layers.iter().map(|(c, b)| kiln_core::sweep::Layer { chain: c.to_string(), bytes: *b }).collect(),
+            ..image(id, refs, &[])
+        };
+        let before = vec![
+            layered("i1", &["a:1"], &[("base", 100_000), ("base/a", 10)]),
+            layered("i2", &["b:1"], &[("base", 100_000), ("base/b", 20)]),
+            layered("i3", &["c:1"], &[("other", 7), ("other/c", 3)]),
+        ];
+        let plan = store_plan(vec![
+            removal("i1", RemovalTarget::Ref("a:1".into()), Some("a"), true, 0),
+            removal("i2", RemovalTarget::Ref("b:1".into()), Some("a"), true, 0),
+            removal("i3", RemovalTarget::Ref("c:1".into()), Some("a"), true, 0),
+        ]);
+        // c's base is still used by an image Kiln does not own, listed by its layers alone.
+        let after = vec![layered("x", &[], &[("other", 7)])];
+        let confirmed = confirm(&plan, &HashMap::new(), &before, &after, &HashMap::new());
+        assert_eq!(confirmed.images, 3);
+        assert_eq!(confirmed.bytes, 100_000 + 10 + 20 + 3);
     }
 
     #[test]
@@ -182,7 +225,8 @@ mod tests {
         let owners: HashMap<String, String> =
             ["i1", "i2", "i3", "i4"].iter().map(|id| (id.to_string(), "a".to_string())).collect();
         let failures = HashMap::from([("a:stuck".to_string(), "conflict: a container uses it".to_string())]);
-        let confirmed = confirm(&plan, &owners, &after, &failures);
+        let before: Vec<ListedImage> = ["i1", "i2", "i3", "i4", "i5"].iter().map(|id| image(id, &[], &[])).collect();
+        let confirmed = confirm(&plan, &owners, &before, &after, &failures);
         assert_eq!(
             confirmed.done,
             vec![

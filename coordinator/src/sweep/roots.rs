@@ -42,7 +42,12 @@ pub(super) fn gather(
             previous: previous.as_ref().map(refs).unwrap_or_default(),
         })
         .collect();
-    let mut held: Vec<String> = claims.iter().map(|claim| claim.reference.clone()).collect();
+    // A converge also claims its contexts; those are the content store's roots, not refs.
+    let mut held: Vec<String> = claims
+        .iter()
+        .filter(|claim| !claim.reference.starts_with(crate::engine::CONTEXT_CLAIM_PREFIX))
+        .map(|claim| claim.reference.clone())
+        .collect();
     held.extend(keep.iter().cloned());
     let roots = Roots {
         records,
@@ -72,6 +77,8 @@ mod tests {
                     target: (*target).into(),
                     context: None,
                     user: None,
+                    inputs: None,
+                    image_id: None,
                 })
                 .collect(),
             written_at_ms: 0,
@@ -84,7 +91,14 @@ mod tests {
             record("shop", 2, &[("shop-api:new", "registry:r:5000")]),
             Some(record("shop", 1, &[("shop-api:old", "registry:r:5000")])),
         )];
-        let claims = vec![Claim { converge: ConvergeId::from("c1"), reference: "shop-api:next".into(), expires_ms: 9 }];
+        let claims = vec![
+            Claim { converge: ConvergeId::from("c1"), reference: "shop-api:next".into(), expires_ms: 9 },
+            Claim {
+                converge: ConvergeId::from("c1"),
+                reference: format!("kiln-context:{}", "a".repeat(64)),
+                expires_ms: 9,
+            },
+        ];
         let pins = vec![Pin { reference: "tool:1".into(), pinned_at_ms: 0, pinned_by: "ana".into() }];
         let workloads = BTreeMap::from([(StoreId("docker@a".into()), vec!["sha256:ab".into()])]);
         let gathered = gather(&records, &claims, &pins, &["shop-web:own".into()], workloads.clone());

@@ -517,6 +517,8 @@ pub mod input_change {
         Target = 4,
         /// Comma-separated platform sets.
         Platforms = 5,
+        /// Where it is delivered (`local`, `registry:…`, `kind:…`, `nodes:…`): same bytes, new place.
+        Delivery = 6,
     }
     impl Input {
         /// String value of the enum field names used in the ProtoBuf definition.
@@ -531,6 +533,7 @@ pub mod input_change {
                 Self::BuildArg => "INPUT_BUILD_ARG",
                 Self::Target => "INPUT_TARGET",
                 Self::Platforms => "INPUT_PLATFORMS",
+                Self::Delivery => "INPUT_DELIVERY",
             }
         }
         /// Creates an enum from field names used in the ProtoBuf definition.
@@ -542,6 +545,7 @@ pub mod input_change {
                 "INPUT_BUILD_ARG" => Some(Self::BuildArg),
                 "INPUT_TARGET" => Some(Self::Target),
                 "INPUT_PLATFORMS" => Some(Self::Platforms),
+                "INPUT_DELIVERY" => Some(Self::Delivery),
                 _ => None,
             }
         }
@@ -1061,10 +1065,15 @@ pub struct ListTask {
     pub workloads: bool,
     /// The store to list, as the agent announced it (`Hello.stores`, or its latest `Stores`); empty:
     /// the agent's host store.
-    ///
-    /// NextId: 3
     #[prost(string, tag = "2")]
     pub store: ::prost::alloc::string::String,
+    /// Also report each image's layers (`ListedImage.layers`), and list the images Kiln did not label
+    /// by their layers alone (no refs, no labels): a sweep counts as freed only the layers no
+    /// remaining image uses. An agent that predates the field lists no layers; bytes then count whole.
+    ///
+    /// NextId: 4
+    #[prost(bool, tag = "3")]
+    pub layers: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

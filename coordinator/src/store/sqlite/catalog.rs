@@ -88,6 +88,43 @@ pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<Cont
     .ctx(what)
 }
 
+pub(super) fn contexts(conn: &mut Connection) -> Result<Vec<ContextRow>, StoreError> {
+    let what = || "listing contexts".to_owned();
+    let mut stmt = conn.prepare("SELECT digest, bytes, stored_at_ms FROM contexts ORDER BY digest").ctx(what)?;
+    let rows = stmt
+        .query_map([], |row| Ok(ContextRow { digest: row.get(0)?, bytes: row.get(1)?, stored_at_ms: row.get(2)? }))
+        .ctx(what)?
+        .collect::<Result<Vec<_>, _>>()
+        .ctx(what)?;
+    Ok(rows)
+}
+
+/// Deletes the context's row unless a live claim names it, in one transaction that takes the write
+/// lock first: a converge claims a context before it looks the context up, so either its claim is
+/// seen here, or the row is already gone when it looks and it asks for an upload.
+pub(super) fn delete_context_unless_claimed(
+    conn: &mut Connection,
+    digest: &str,
+    claim: &str,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let what = || format!("collecting context {digest}");
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).ctx(what)?;
+    let claimed: bool = tx
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM claims WHERE reference = ?1 AND expires_ms > ?2)",
+            (claim, now_ms),
+            |r| r.get(0),
+        )
+        .ctx(what)?;
+    if claimed {
+        return Ok(false);
+    }
+    let deleted = tx.execute("DELETE FROM contexts WHERE digest = ?1", [digest]).ctx(what)?;
+    tx.commit().ctx(what)?;
+    Ok(deleted > 0)
+}
+
 pub(super) fn put_inventory(
     conn: &mut Connection,
     store: &str,

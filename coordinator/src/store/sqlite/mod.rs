@@ -294,6 +294,18 @@ impl Store for SqliteStore {
         self.run(format!("looking up context {digest}"), move |c, _| catalog::context(c, &digest)).await
     }
 
+    async fn contexts(&self) -> Result<Vec<ContextRow>, StoreError> {
+        self.run("listing contexts".into(), |c, _| catalog::contexts(c)).await
+    }
+
+    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let (digest, claim) = (digest.to_owned(), claim.to_owned());
+        self.run(format!("collecting context {digest}"), move |c, _| {
+            catalog::delete_context_unless_claimed(c, &digest, &claim, now_ms)
+        })
+        .await
+    }
+
     async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError> {
         let store = store.to_owned();
         self.run(format!("saving the inventory of store {store}"), move |c, _| {

@@ -1,0 +1,301 @@
+//! Step 3 of the converge: for each built image, what to do — skip, deliver, build — and why.
+//!
+//! "Recorded" is a promise that the image is where the target puts it, so a record entry alone
+//! never skips: the converge confirms it at a cost that keeps the no-op fast — one labeled listing
+//! per host store for `local`, one manifest HEAD per image for `registry` (all in one task), and for
+//! `nodes` and `kind` the delivery itself, which only asks the nodes when they all hold it. What
+//! vanished is delivered again, or rebuilt from the build cache, and the reason says so.
+//!
+//! Not recorded (or `--force`): an image of this farm wearing the exact tag on the host is held (no
+//! build); another farm's Kiln image wearing it is used as it is — it is the same address — and
+//! this farm's hold tag marks the reliance on the daemon, so the owner's sweep leaves it. A tag
+//! another farm's image wears is never moved, `--force` included.
+
+use std::collections::BTreeMap;
+
+use kiln_core::refs::ImageRef;
+use kiln_core::sweep::{hold_ref, ListedImage, LABEL_CONVERGE, LABEL_FARM, LABEL_KIND};
+use kiln_proto::v1 as pb;
+
+use super::{Engine, Failure};
+use crate::events::Events;
+use crate::hub::AgentConn;
+use crate::model::{Action, AddressInputs, ConvergeId, EventKind, Input, InputChange, Reason, Record, RecordedImage};
+use crate::plan::{BuildInputs, PlanImage, Target, UpPlan};
+
+/// One built image's way through the converge.
+#[derive(Debug)]
+pub(super) struct Decision<'a> {
+    pub image: &'a PlanImage,
+    pub inputs: &'a BuildInputs,
+    pub action: Action,
+    pub reason: Reason,
+    /// The record's entry, carried over unchanged when nothing had to move.
+    pub recorded: Option<&'a RecordedImage>,
+    /// `nodes` and `kind`: the delivery is also the confirmation; it says "recorded" when it moved
+    /// nothing.
+    pub confirming: bool,
+}
+
+/// A host's labeled listing, with the store it names.
+pub(super) struct HostListing {
+    pub store: String,
+    pub images: Result<Vec<ListedImage>, String>,
+}
+
+impl Engine {
+    /// Decides every built image of `plan`; events say only what is decided for sure here (the
+    /// skips); the rest is told as it happens.
+    pub(super) async fn decide<'a>(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        plan: &'a UpPlan,
+        record: Option<&'a Record>,
+        built: &[(&'a PlanImage, &'a BuildInputs)],
+        events: &Events,
+    ) -> Result<Vec<Decision<'a>>, Failure> {
+        let target = plan.target.identity();
+        let generation = record.map_or(0, |r| r.generation.0);
+        let entry = |image: &PlanImage| {
+            record.and_then(|r| {
+                r.images
+                    .iter()
+                    .find(|ri| ri.name == image.name && ri.reference == image.reference && ri.target == target)
+            })
+        };
+        let in_record: Vec<bool> = built.iter().map(|(image, _)| !plan.force && entry(image).is_some()).collect();
+
+        // Confirm the registry's copies first: a no-op converge to a registry lists nothing else.
+        let mut present: Vec<Option<bool>> = vec![None; built.len()];
+        if let Target::Registry { .. } = plan.target {
+            let asked: Vec<usize> = (0..built.len()).filter(|&i| in_record[i]).collect();
+            if !asked.is_empty() {
+                let refs = asked.iter().map(|&i| built[i].0.reference.clone()).collect();
+                let answers = probe(host, id, refs).await;
+                for (i, answer) in asked.into_iter().zip(answers) {
+                    present[i] = Some(answer);
+                }
+            }
+        }
+        let needs_listing = built
+            .iter()
+            .enumerate()
+            .any(|(i, _)| !in_record[i] || present[i] == Some(false) || matches!(plan.target, Target::Local));
+        let listings = match needs_listing {
+            true => self.list_hosts(host, plan, id).await,
+            false => Vec::new(),
+        };
+        let host_store = crate::sweep::host_store_of(host);
+
+        let mut decisions = Vec::with_capacity(built.len());
+        for (i, &(image, inputs)) in built.iter().enumerate() {
+            let recorded = entry(image);
+            let decision =
+                |action, reason, confirming| Decision { image, inputs, action, reason, recorded, confirming };
+            if in_record[i] {
+                match &plan.target {
+                    Target::Kind { .. } | Target::Nodes { .. } => {
+                        decisions.push(decision(Action::Deliver, Reason::Recorded, true));
+                        continue;
+                    }
+                    Target::Local => {
+                        if let Some((_, found)) = worn_anywhere(&listings, &image.reference) {
+                            self.hold_if_foreign(host, id, plan, found, &image.reference, events).await;
+                            decisions.push(decision(Action::Skip, Reason::Recorded, false));
+                            continue;
+                        }
+                    }
+                    Target::Registry { .. } => {
+                        if present[i] == Some(true) {
+                            decisions.push(decision(Action::Skip, Reason::Recorded, false));
+                            continue;
+                        }
+                    }
+                }
+            }
+            let gone = in_record[i].then(|| Reason::Gone {
+                store: match &plan.target {
+                    Target::Registry { registry } => format!("registry {registry}"),
+                    _ => host_store.clone(),
+                },
+                generation,
+            });
+            // Held on the host that would build it: the build is skipped, the delivery runs.
+            let held = listings
+                .iter()
+                .find(|l| l.store == host_store)
+                .and_then(|l| l.images.as_ref().ok())
+                .and_then(|images| wears(images, &image.reference));
+            let reason = match held {
+                Some(found) if !self.ours(found) => {
+                    let farm = found.labels.get(LABEL_FARM).cloned().unwrap_or_default();
+                    self.hold_if_foreign(host, id, plan, found, &image.reference, events).await;
+                    decisions.push(decision(Action::Deliver, gone.unwrap_or(Reason::HeldByFarm { farm }), false));
+                    continue;
+                }
+                Some(found) if !plan.force => {
+                    let converge = found.labels.get(LABEL_CONVERGE).cloned().unwrap_or_default();
+                    decisions.push(decision(Action::Deliver, gone.unwrap_or(Reason::Held { converge }), false));
+                    continue;
+                }
+                _ if plan.force => Reason::Forced,
+                _ => gone.unwrap_or_else(|| changed(record, image, inputs, plan)),
+            };
+            decisions.push(decision(Action::Build, reason, false));
+        }
+        Ok(decisions)
+    }
+
+    /// Whether `image` is labeled as built by this farm.
+    fn ours(&self, image: &ListedImage) -> bool {
+        image.labels.get(LABEL_FARM).map(String::as_str) == Some(self.config.farm.as_str())
+    }
+
+    /// Marks this farm's reliance on another farm's image on the daemon itself, unless it already
+    /// is. A failed tag is said and not fatal: the converge still delivers what the record names;
+    /// without the hold the owner's sweep may take the tag later, and the next converge rebuilds.
+    async fn hold_if_foreign(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        image: &ListedImage,
+        reference: &str,
+        events: &Events,
+    ) {
+        if self.ours(image) || plan.dry_run {
+            return;
+        }
+        let Some(hold) = hold_ref(&self.config.farm, reference) else { return };
+        if image.refs.iter().any(|r| ImageRef::parse(r).ok() == ImageRef::parse(&hold).ok()) {
+            return;
+        }
+        let task = pb::task::Kind::Tag(pb::TagTask { image_id: image.id.clone(), reference: hold.clone() });
+        match host.run(id.as_str(), task, |_| {}).await {
+            Ok(pb::task_result::Outcome::Tagged(_)) => {}
+            Ok(_) => {
+                events.emit(EventKind::Note, None, format!("host {} cannot tag {hold} (an older agent?)", host.id))
+            }
+            Err(err) => events.emit(EventKind::Note, None, format!("holding {reference} as {hold} failed: {err}")),
+        }
+    }
+
+    /// The labeled listing of every host that builds the plan's platforms, `host` first. Only a
+    /// `local` target needs more than `host`'s: its images may sit on any of them.
+    async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId) -> Vec<HostListing> {
+        let mut listings =
+            vec![HostListing { store: crate::sweep::host_store_of(host), images: list(host, id.as_str()).await }];
+        if let Target::Local = plan.target {
+            for other in self.hub.connected().into_iter().filter(|a| a.is_host() && a.id != host.id) {
+                listings.push(HostListing {
+                    store: crate::sweep::host_store_of(&other),
+                    images: list(&other, id.as_str()).await,
+                });
+            }
+        }
+        for listing in &listings {
+            if let Err(err) = &listing.images {
+                tracing::warn!(store = %listing.store, error = %err, "host listing failed; it counts as holding nothing");
+            }
+        }
+        listings
+    }
+}
+
+/// Asks `host` whether each ref's manifest is in its registry. A probe that cannot be made counts
+/// as "absent": the converge then pushes, which is always safe.
+async fn probe(host: &AgentConn, id: &ConvergeId, references: Vec<String>) -> Vec<bool> {
+    let asked = references.len();
+    match host.run(id.as_str(), pb::task::Kind::Probe(pb::ProbeTask { references }), |_| {}).await {
+        Ok(pb::task_result::Outcome::Probed(p)) if p.present.len() == asked => p.present,
+        _ => vec![false; asked],
+    }
+}
+
+/// Lists a host store; an error is a reason, so the caller can say why it counts as empty.
+pub(super) async fn list(host: &AgentConn, converge: &str) -> Result<Vec<ListedImage>, String> {
+    match host.run(converge, pb::task::Kind::List(pb::ListTask::default()), |_| {}).await {
+        Ok(pb::task_result::Outcome::Listing(l)) => {
+            Ok(l.images.into_iter().map(crate::convert::listed_image).collect())
+        }
+        Ok(_) => Err("the agent answered the listing with something else".to_string()),
+        Err(err) => Err(err.to_string()),
+    }
+}
+
+/// The Kiln image wearing exactly `reference` (after normalization), if any. An unlabeled image
+/// never answers for a tag (ADR-0041): it is not Kiln's, so it proves nothing about the address.
+pub(crate) fn wears<'a>(listing: &'a [ListedImage], reference: &str) -> Option<&'a ListedImage> {
+    let want = ImageRef::parse(reference).ok()?;
+    listing
+        .iter()
+        .filter(|img| img.labels.get(LABEL_KIND).is_some_and(|k| !k.is_empty()))
+        .find(|img| img.refs.iter().any(|r| ImageRef::parse(r).is_ok_and(|r| r == want)))
+}
+
+fn worn_anywhere<'a>(listings: &'a [HostListing], reference: &str) -> Option<(&'a str, &'a ListedImage)> {
+    listings.iter().find_map(|l| {
+        let images = l.images.as_ref().ok()?;
+        wears(images, reference).map(|found| (l.store.as_str(), found))
+    })
+}
+
+/// Why an image the record does not name at this ref must be built: which inputs of its address
+/// moved since the recorded generation, or that none ever named it.
+pub(super) fn changed(record: Option<&Record>, image: &PlanImage, inputs: &BuildInputs, plan: &UpPlan) -> Reason {
+    let Some(before) = record.and_then(|r| r.images.iter().find(|ri| ri.name == image.name)) else {
+        return Reason::FirstBuild;
+    };
+    let now = address_inputs(inputs, &plan.platforms);
+    let target = plan.target.identity();
+    let Some(was) = &before.inputs else {
+        // A record from before Kiln kept inputs: the tree digest is all it can compare.
+        let mut changes = Vec::new();
+        if let Some(context) = before.context.as_ref().filter(|c| **c != now.tree) {
+            changes.push(change(Input::Context, "", context, &now.tree));
+        }
+        return Reason::Changed { changes };
+    };
+    let mut changes = Vec::new();
+    if was.dockerfile != now.dockerfile && !was.dockerfile.is_empty() && !now.dockerfile.is_empty() {
+        changes.push(change(Input::Dockerfile, "", &was.dockerfile, &now.dockerfile));
+    }
+    if was.tree != now.tree {
+        changes.push(change(Input::Context, "", &was.tree, &now.tree));
+    }
+    let names: std::collections::BTreeSet<&String> = was.args.keys().chain(now.args.keys()).collect();
+    for name in names {
+        let (a, b) = (was.args.get(name), now.args.get(name));
+        if a != b {
+            changes.push(change(Input::BuildArg, name, a.map_or("", String::as_str), b.map_or("", String::as_str)));
+        }
+    }
+    if was.target != now.target {
+        changes.push(change(Input::Target, "", &was.target, &now.target));
+    }
+    if was.platforms != now.platforms {
+        changes.push(change(Input::Platforms, "", &was.platforms.join(","), &now.platforms.join(",")));
+    }
+    if changes.is_empty() && before.target != target {
+        changes.push(change(Input::Delivery, "", &before.target, &target));
+    }
+    Reason::Changed { changes }
+}
+
+fn change(input: Input, name: &str, before: &str, after: &str) -> InputChange {
+    InputChange { input, name: name.to_string(), before: before.to_string(), after: after.to_string() }
+}
+
+/// What the record keeps of a built image's address.
+pub(super) fn address_inputs(inputs: &BuildInputs, platforms: &[String]) -> AddressInputs {
+    let mut platforms = platforms.to_vec();
+    platforms.sort();
+    AddressInputs {
+        tree: inputs.context.to_string(),
+        dockerfile: inputs.dockerfile_digest.clone(),
+        args: inputs.args.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>(),
+        target: inputs.target_stage.clone(),
+        platforms,
+    }
+}

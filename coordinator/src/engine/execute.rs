@@ -1,0 +1,297 @@
+//! Steps 4–6 of the converge for the images that need more than a skip: ask the client for the
+//! contexts the content store lacks, build, deliver by the target's branch. A ref gone from the host
+//! at its use (the push, or the read-back after a delivery) is rebuilt from the build cache, at most
+//! twice. Every image's first line says why it is delivered or built.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use kiln_core::sweep::{LABEL_CONTEXT, LABEL_CONVERGE, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
+use kiln_proto::v1 as pb;
+
+use super::decide::{address_inputs, Decision};
+use super::{Engine, Failure};
+use crate::deliver::{self, DeliverError};
+use crate::events::Events;
+use crate::hub::{AgentConn, TaskFailure};
+use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
+use crate::plan::{Target, UpPlan};
+
+/// How long a converge waits for its client to upload the contexts it asked for.
+const UPLOAD_WAIT: Duration = Duration::from_secs(600);
+/// A ref gone from the host at its use is rebuilt and the use retried at most this often.
+const GONE_RETRIES: usize = 2;
+
+impl Engine {
+    /// Asks the client for the contexts the store lacks and waits for them.
+    pub(super) async fn ensure_contexts(&self, decisions: &[Decision<'_>], events: &Events) -> Result<(), Failure> {
+        let mut wanted: Vec<String> = Vec::new();
+        for d in decisions.iter().filter(|d| d.action == Action::Build) {
+            let digest = d.inputs.context.to_string();
+            if !wanted.contains(&digest) {
+                wanted.push(digest);
+            }
+        }
+        self.ensure(&wanted, decisions, events).await
+    }
+
+    async fn ensure(&self, wanted: &[String], decisions: &[Decision<'_>], events: &Events) -> Result<(), Failure> {
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let missing = self.contexts.missing(wanted).await.map_err(|s| Failure::whole(s.message().to_string()))?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        events.need_contexts(&missing);
+        let still =
+            self.contexts.wait_for(&missing, UPLOAD_WAIT).await.map_err(|s| Failure::whole(s.message().to_string()))?;
+        if !still.is_empty() {
+            return Err(Failure::whole(format!(
+                "context(s) {} never arrived — the client stopped before uploading them; run `kiln up` again",
+                still.join(", ")
+            )));
+        }
+        for digest in &missing {
+            let bytes = self.store.context(digest).await.ok().flatten().map_or(0, |c| c.bytes);
+            for d in decisions.iter().filter(|d| &d.inputs.context.to_string() == digest) {
+                events.emit(EventKind::Uploaded { bytes }, Some(&d.image.name), format!("tree {}", &digest[..12]));
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds (when decided) and delivers one image, and returns its record entry.
+    pub(super) async fn build_and_deliver(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        generation: u64,
+        events: &Events,
+    ) -> Result<RecordedImage, Failure> {
+        let name = d.image.name.as_str();
+        let reference = d.image.reference.clone();
+        match d.action {
+            Action::Build => self.build(host, id, plan, d, &d.reason, events).await?,
+            Action::Deliver if !d.confirming => {
+                let words = match (&d.reason, &plan.target) {
+                    (Reason::Gone { .. }, Target::Registry { .. }) => format!("{} — pushing again", d.reason.words()),
+                    (Reason::Gone { .. }, _) => format!("{} — delivering again", d.reason.words()),
+                    (reason, _) => format!("{} — {reference}", reason.words()),
+                };
+                events.emit(
+                    EventKind::Held { reference: reference.clone(), reason: Some(d.reason.clone()) },
+                    Some(name),
+                    words,
+                );
+            }
+            Action::Deliver | Action::Skip => {}
+        }
+        let mut rebuilt = 0;
+        loop {
+            // A sweep elsewhere may take the ref between its build (or held check) and its use:
+            // the push finds it gone, or the read-back after a delivery that moves nothing does.
+            let gone = match self.deliver(host, id, plan, d, events).await {
+                Err(DeliverError::Gone(message)) => message,
+                Err(DeliverError::Failed(why)) => return Err(Failure::of(name, why)),
+                Ok(moved) => {
+                    if d.confirming && rebuilt == 0 {
+                        self.confirmed(d, moved, generation, events);
+                    }
+                    let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: reference.clone() });
+                    match host.run(id.as_str(), inspect, |_| {}).await {
+                        Ok(pb::task_result::Outcome::Inspected(i)) if i.present => {
+                            return Ok(self.entry(plan, d, i, rebuilt > 0 || d.action == Action::Build));
+                        }
+                        Ok(pb::task_result::Outcome::Inspected(_)) => {
+                            format!("{reference} left host {} right after its delivery", host.id)
+                        }
+                        Ok(_) => {
+                            let why = format!("host {} answered the inspect with something else", host.id);
+                            return Err(Failure::of(name, why));
+                        }
+                        Err(err) => return Err(Failure::of(name, err.to_string())),
+                    }
+                }
+            };
+            if rebuilt >= GONE_RETRIES {
+                return Err(Failure::of(name, format!("{gone} — gone again after {GONE_RETRIES} rebuilds")));
+            }
+            rebuilt += 1;
+            events.emit(
+                EventKind::Note,
+                Some(name),
+                format!("{gone} — rebuilding from the build cache (retry {rebuilt} of {GONE_RETRIES})"),
+            );
+            let digest = d.inputs.context.to_string();
+            self.ensure(std::slice::from_ref(&digest), std::slice::from_ref(d), events).await?;
+            let reason = Reason::Gone { store: crate::sweep::host_store_of(host), generation };
+            self.build(host, id, plan, d, &reason, events).await?;
+        }
+    }
+
+    /// After a `nodes` or `kind` delivery that doubled as the record's confirmation: "recorded"
+    /// when it moved nothing, else which nodes had lost it.
+    fn confirmed(&self, d: &Decision<'_>, moved: Vec<String>, generation: u64, events: &Events) {
+        let name = d.image.name.as_str();
+        let reference = d.image.reference.clone();
+        if moved.is_empty() {
+            events.emit(
+                EventKind::Recorded { reference: reference.clone(), reason: Some(Reason::Recorded) },
+                Some(name),
+                reference,
+            );
+        } else {
+            let reason = Reason::Gone { store: moved.join(", "), generation };
+            let words = format!("{} — delivered again", reason.words());
+            events.emit(EventKind::Held { reference, reason: Some(reason) }, Some(name), words);
+        }
+    }
+
+    /// The record entry of an image this converge delivered. One whose build and delivery both
+    /// were skipped keeps its entry as it was, so a no-op writes no generation.
+    fn entry(&self, plan: &UpPlan, d: &Decision<'_>, inspected: pb::Inspected, rebuilt: bool) -> RecordedImage {
+        if let (Some(entry), false) = (d.recorded, rebuilt) {
+            if d.confirming {
+                return entry.clone();
+            }
+        }
+        RecordedImage {
+            name: d.image.name.clone(),
+            reference: d.image.reference.clone(),
+            kind: RecordedKind::Built,
+            target: plan.target.identity(),
+            context: Some(d.inputs.context.to_string()),
+            user: inspected.declares_user.then_some(inspected.user),
+            inputs: Some(address_inputs(d.inputs, &plan.platforms)),
+            image_id: Some(inspected.id).filter(|id| !id.is_empty()),
+        }
+    }
+
+    async fn build(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        reason: &Reason,
+        events: &Events,
+    ) -> Result<(), Failure> {
+        let name = d.image.name.as_str();
+        let inputs = d.inputs;
+        let words = match reason {
+            Reason::Gone { .. } => format!("{} — rebuilding", reason.words()),
+            _ => format!("building {} on {}: {}", d.image.reference, host.id, reason.words()),
+        };
+        let building = EventKind::Building { reference: d.image.reference.clone(), reason: Some(reason.clone()) };
+        events.emit(building, Some(name), words);
+        let mut labels = BTreeMap::new();
+        if inputs.shared {
+            labels.insert(LABEL_KIND.to_string(), "shared".to_string());
+        } else {
+            labels.insert(LABEL_KIND.to_string(), "image".to_string());
+            labels.insert(LABEL_INSTANCE.to_string(), plan.instance.clone());
+        }
+        labels.insert(LABEL_FARM.to_string(), self.config.farm.clone());
+        labels.insert(LABEL_CONTEXT.to_string(), inputs.context.to_string());
+        labels.insert(LABEL_CONVERGE.to_string(), id.to_string());
+        let task = pb::BuildTask {
+            tag: d.image.reference.clone(),
+            context_digest: inputs.context.to_string(),
+            dockerfile: inputs.dockerfile.clone(),
+            dockerfile_outside: inputs.dockerfile_outside.clone(),
+            args: inputs.args.clone().into_iter().collect(),
+            target_stage: inputs.target_stage.clone(),
+            platform: plan.platforms.first().cloned().unwrap_or_default(),
+            labels: labels.into_iter().collect(),
+            no_cache: false,
+        };
+        let started = Instant::now();
+        let mut retried = false;
+        let result = loop {
+            let result = host
+                .run(id.as_str(), pb::task::Kind::Build(task.clone()), |p| {
+                    if !p.log_line.is_empty() {
+                        events.emit(EventKind::BuildLog, Some(name), p.log_line);
+                    }
+                })
+                .await;
+            // Docker's classic builder fails a step whose cached parent image was removed while
+            // it ran (another sweep or `docker rmi` on the same daemon). Once more builds it anew.
+            match &result {
+                Err(TaskFailure::Failed { message, .. }) if !retried && message.contains("unable to find image") => {
+                    retried = true;
+                    events.emit(EventKind::Note, Some(name), "a cached build step vanished mid-build; building again");
+                }
+                _ => break result,
+            }
+        };
+        match result {
+            Ok(pb::task_result::Outcome::Built(_)) => {
+                let secs = started.elapsed().as_secs_f64();
+                events.emit(EventKind::Built { secs }, Some(name), "");
+                Ok(())
+            }
+            Ok(_) => Err(Failure::of(name, format!("host {} answered the build with something else", host.id))),
+            Err(err) => {
+                if let TaskFailure::Failed { kind: pb::task_error::Kind::ContextMismatch, .. } = err {
+                    self.contexts.forget(&inputs.context).await;
+                }
+                Err(Failure::of(name, format!("build of {} failed: {err}", d.image.reference)))
+            }
+        }
+    }
+
+    /// Delivers by the target's branch; returns where it moved the image (empty: nothing needed
+    /// to move — every node already held it, or the target is the build host itself).
+    async fn deliver(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        events: &Events,
+    ) -> Result<Vec<String>, DeliverError> {
+        let name = d.image.name.as_str();
+        let reference = &d.image.reference;
+        // A delivery that only confirms the record says nothing unless it moves something.
+        let narrate = !d.confirming;
+        match &plan.target {
+            Target::Registry { registry } => {
+                events.emit(EventKind::Pushing, Some(name), format!("to {registry}"));
+                let push = pb::task::Kind::Push(pb::PushTask { reference: reference.clone() });
+                let outcome = host.run(id.as_str(), push, |p| events.progress(name, p.current, p.total)).await?;
+                let bytes = match outcome {
+                    pb::task_result::Outcome::Pushed(p) => p.bytes,
+                    _ => 0,
+                };
+                events.emit(EventKind::Pushed { bytes }, Some(name), "");
+                Ok(vec![format!("registry {registry}")])
+            }
+            Target::Local => {
+                events.emit(EventKind::Delivered, Some(name), "local target: the build host is where it runs");
+                Ok(Vec::new())
+            }
+            Target::Nodes { cluster } => {
+                let done = deliver::to_nodes(
+                    &self.hub,
+                    &self.relay,
+                    host,
+                    id.as_str(),
+                    cluster,
+                    reference,
+                    name,
+                    narrate,
+                    events,
+                )
+                .await?;
+                Ok(done.imported)
+            }
+            Target::Kind { cluster } => {
+                Ok(deliver::to_kind(host, id.as_str(), cluster, reference, name, narrate, events).await?)
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The converge engine, in DESIGN.md's order: claim every computed ref (and context) before any
+//! build; decide per image — skip what the record names *and* the target was seen to hold, deliver
+//! what a host holds, build the rest — with the reason for each; ask for the contexts it lacks;
+//! build; deliver by the target's branch; record the new generation atomically only when every
+//! image is built and delivered. A failure leaves the record untouched and releases the claims.
+//!
+//! - `decide` — step 3: the decision and its reason per image, presence confirmed.
+//! - `execute` — steps 4–6: contexts, builds, deliveries, a ref gone at its use rebuilt.
+
+mod decide;
+mod execute;
+
+use crate::contexts::Contexts;
+use crate::events::Events;
+use crate::hub::{AgentConn, Hub};
+use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
+use crate::plan::{BuildInputs, PlanImage, PlanKind, UpPlan};
+use crate::store::Store;
+use crate::Config;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) use decide::wears;
+
+/// How long a converge waits for a host agent to connect when none is.
+const AGENT_WAIT: Duration = Duration::from_secs(10);
+
+/// The claim by which a converge holds a context it is about to build from, so the sweep's
+/// collection of the content store leaves it; never a ref, so the image sweep skips it.
+pub const CONTEXT_CLAIM_PREFIX: &str = "kiln-context:";
+
+/// Everything a converge needs from the coordinator.
+pub struct Engine {
+    pub store: Arc<dyn Store>,
+    pub hub: Arc<Hub>,
+    pub contexts: Arc<Contexts>,
+    /// Spools images on their way from a host agent to node agents.
+    pub relay: crate::relay::Relay,
+    pub config: Config,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("farm", &self.config.farm).finish_non_exhaustive()
+    }
+}
+
+/// How a converge ended well: the generation now current, and whether this converge wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Converged {
+    pub generation: u64,
+    pub changed: bool,
+}
+
+/// Why a converge failed: the image it failed on, when one, and what happened.
+#[derive(Debug)]
+pub struct Failure {
+    pub image: Option<String>,
+    pub reason: String,
+}
+
+impl Failure {
+    fn of(image: &str, reason: impl Into<String>) -> Failure {
+        Failure { image: Some(image.to_string()), reason: reason.into() }
+    }
+    fn whole(reason: impl Into<String>) -> Failure {
+        Failure { image: None, reason: reason.into() }
+    }
+}
+
+fn store_failure(err: crate::store::StoreError) -> Failure {
+    Failure::whole(kiln_core::error_chain(&err))
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Engine {
+    /// Runs the converge `id` of `plan` to its end, reporting through `events`. A dry run decides
+    /// and says what it would do, and changes nothing anywhere.
+    pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<Converged, Failure> {
+        if plan.platforms.len() > 1 {
+            return Err(Failure::whole(format!(
+                "platforms {} need a multi-platform builder; Kiln's agents build one platform per image for now — list one platform",
+                plan.platforms.join(", ")
+            )));
+        }
+        let built: Vec<(&PlanImage, &BuildInputs)> = plan
+            .images
+            .iter()
+            .filter_map(|i| match &i.kind {
+                PlanKind::Built(inputs) => Some((i, inputs)),
+                _ => None,
+            })
+            .collect();
+        // Claim before building: no sweep anywhere may take a ref between its build and delivery,
+        // nor the content store a context between its upload and its build.
+        let lease = self.config.claim_lease.as_millis() as u64;
+        if !plan.dry_run {
+            let mut claims: Vec<String> = built.iter().map(|(i, _)| i.reference.clone()).collect();
+            claims.extend(built.iter().map(|(_, inputs)| format!("{CONTEXT_CLAIM_PREFIX}{}", inputs.context)));
+            self.store.claim(id, &claims, now_ms() + lease).await.map_err(store_failure)?;
+        }
+
+        let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
+        let target = plan.target.identity();
+        let mut recorded: Vec<RecordedImage> = Vec::new();
+        for image in &plan.images {
+            // Brought and pinned images pass through untouched: never built, labeled or inspected.
+            let kind = match image.kind {
+                PlanKind::Built(_) => continue,
+                PlanKind::Brought => RecordedKind::Brought,
+                PlanKind::Pinned => RecordedKind::Pinned,
+            };
+            recorded.push(RecordedImage::passthrough(&image.name, &image.reference, kind, &target));
+        }
+
+        if !built.is_empty() {
+            let host = self.pick_host(plan).await?;
+            let decisions = self.decide(&host, id, plan, record.as_ref(), &built, events).await?;
+            if plan.dry_run {
+                for d in &decisions {
+                    let kind = EventKind::Would {
+                        reference: d.image.reference.clone(),
+                        reason: d.reason.clone(),
+                        action: d.action,
+                    };
+                    events.emit(kind, Some(&d.image.name), would_words(d.action, &d.reason));
+                }
+                let generation = record.as_ref().map_or(0, |r| r.generation.0);
+                return Ok(Converged { generation, changed: false });
+            }
+            for d in decisions.iter().filter(|d| d.action == Action::Skip) {
+                let kind = EventKind::Recorded { reference: d.image.reference.clone(), reason: Some(Reason::Recorded) };
+                events.emit(kind, Some(&d.image.name), d.image.reference.clone());
+            }
+            let generation = record.as_ref().map_or(0, |r| r.generation.0);
+            self.ensure_contexts(&decisions, events).await?;
+            for d in &decisions {
+                let entry = match (d.action, d.recorded) {
+                    (Action::Skip, Some(entry)) => entry.clone(),
+                    _ => self.build_and_deliver(&host, id, plan, d, generation, events).await?,
+                };
+                recorded.push(entry);
+                self.store.renew_claims(id, now_ms() + lease).await.map_err(store_failure)?;
+            }
+        }
+
+        // Keep the manifest's order in the record.
+        let order: BTreeMap<&str, usize> =
+            plan.images.iter().enumerate().map(|(i, im)| (im.name.as_str(), i)).collect();
+        recorded.sort_by_key(|r| order.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
+        // Nothing built, delivered or renamed: the record stands as it is. Writing an identical
+        // generation would push the one it replaced out of the nodes' grace, and a sweep would
+        // find nothing this converge made collectable.
+        if let Some(current) = record.as_ref().filter(|r| r.images == recorded) {
+            return Ok(Converged { generation: current.generation.0, changed: false });
+        }
+        let expected = record.map(|r| r.generation);
+        let generation = self.store.write_record(&plan.instance, expected, recorded).await.map_err(store_failure)?;
+        Ok(Converged { generation: generation.0, changed: true })
+    }
+
+    /// A host agent that can build the platform set, preferring one that already holds images.
+    async fn pick_host(&self, plan: &UpPlan) -> Result<Arc<AgentConn>, Failure> {
+        let deadline = Instant::now() + AGENT_WAIT;
+        loop {
+            let hosts: Vec<_> = self
+                .hub
+                .connected()
+                .into_iter()
+                .filter(|a| a.is_host())
+                .filter(|a| a.platforms.is_empty() || plan.platforms.iter().all(|p| a.platforms.contains(p)))
+                .collect();
+            if hosts.len() == 1 {
+                return Ok(hosts.into_iter().next().unwrap());
+            }
+            if hosts.len() > 1 {
+                let mut best = (0usize, hosts[0].clone());
+                for host in hosts {
+                    let listing = decide::list(&host, "").await.unwrap_or_default();
+                    let held = plan.images.iter().filter(|i| wears(&listing, &i.reference).is_some()).count();
+                    if held > best.0 {
+                        best = (held, host);
+                    }
+                }
+                return Ok(best.1);
+            }
+            if Instant::now() >= deadline {
+                return Err(Failure::whole(format!(
+                    "no host agent that builds {} is connected to this coordinator — start `kiln-agent` against it",
+                    plan.platforms.join(", ")
+                )));
+            }
+            self.hub.changed(deadline - Instant::now()).await;
+        }
+    }
+}
+
+/// A dry run's line: `would build: context changed (…)`, `would skip: recorded`.
+fn would_words(action: Action, reason: &Reason) -> String {
+    format!("would {}: {}", action.word(), reason.words())
+}

@@ -127,10 +127,59 @@ async fn download(ctx: &TaskContext, digest: &TreeDigest, archive: &Path) -> Res
     Ok(())
 }
 
+/// How long a push keeps retrying a registry that refuses connections (DESIGN.md "Talking across
+/// the network": an action that was never delivered is sent again on the ladder).
+const PUSH_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
+    use kiln_core::retry::{Ladder, LadderConfig};
+    let mut ladder = Ladder::new(LadderConfig::with_window(PUSH_WINDOW), fastrand::u64(..));
+    let started = std::time::Instant::now();
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        match push_once(ctx, task_id, &p).await {
+            Err(PushError::Refused(why)) => match ladder.next_sleep(started.elapsed()) {
+                Some(sleep) => {
+                    let line = format!("registry refused the connection ({why}); retrying (attempt {})", attempts + 1);
+                    progress(ctx, task_id, line, 0, 0).await;
+                    tokio::time::sleep(sleep).await;
+                }
+                None => {
+                    return Err(failed(format!(
+                        "{why} — gave up after {attempts} attempts in {} s",
+                        started.elapsed().as_secs()
+                    )))
+                }
+            },
+            Err(PushError::Other(err)) => return Err(err),
+            Ok(outcome) => {
+                if attempts > 1 {
+                    // ADR-0042's line, where the converge shows it, when the retry cost something.
+                    let line = format!(
+                        "kiln.routability seat=push attempts={attempts} ms={} last=connection refused url={}",
+                        started.elapsed().as_millis(),
+                        p.reference
+                    );
+                    tracing::info!("{line}");
+                    progress(ctx, task_id, line, 0, 0).await;
+                }
+                return Ok(outcome);
+            }
+        }
+    }
+}
+
+enum PushError {
+    /// The registry refused the connection: nothing was delivered, so the push may be sent again.
+    Refused(String),
+    Other((ErrorKind, String)),
+}
+
+async fn push_once(ctx: &TaskContext, task_id: &str, p: &pb::PushTask) -> Result<Outcome, PushError> {
     // A ref swept by someone else since its build is not a push failure but a reason to rebuild.
     if let Ok(None) = ctx.store.inspect(&p.reference).await {
-        return Err((ErrorKind::ImageGone, format!("{} is no longer on this host", p.reference)));
+        return Err(PushError::Other((ErrorKind::ImageGone, format!("{} is no longer on this host", p.reference))));
     }
     let (tx, mut rx) = mpsc::channel(64);
     let store = ctx.store.clone();
@@ -142,15 +191,16 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
         let (current, total) = layers.values().fold((0, 0), |(c, t), (lc, lt)| (c + lc, t + lt));
         progress(ctx, task_id, String::new(), current, total).await;
     }
-    match pushing.await.map_err(failed)? {
+    match pushing.await.map_err(|e| PushError::Other(failed(e)))? {
         Ok(pushed) => {
             Ok(Outcome::Pushed(pb::Pushed { digest: pushed.digest.unwrap_or_default(), bytes: pushed.bytes }))
         }
+        Err(HostError::RegistryRefused { why, .. }) => Err(PushError::Refused(why)),
         // Swept between the check above and the push itself: still a reason to rebuild.
         Err(_) if matches!(ctx.store.inspect(&p.reference).await, Ok(None)) => {
-            Err((ErrorKind::ImageGone, format!("{} left this host during its push", p.reference)))
+            Err(PushError::Other((ErrorKind::ImageGone, format!("{} left this host during its push", p.reference))))
         }
-        Err(err) => Err(failed(kiln_core::error_chain(&err))),
+        Err(err) => Err(PushError::Other(failed(kiln_core::error_chain(&err)))),
     }
 }
 

@@ -18,6 +18,9 @@ use crate::error::CliError;
 #[derive(Clone, Debug)]
 pub struct Link {
     pub url: String,
+    /// How messages name it: `the coordinator at http://…`, or the embedded one by its home —
+    /// never a loopback address the user did not give.
+    pub at: String,
     pub channel: Channel,
     /// How long transport failures of reads are retried.
     pub window: Duration,
@@ -61,17 +64,42 @@ pub async fn dial(url: &str, window: Duration) -> Result<Link, CliError> {
         async move { endpoint.connect().await.map_err(|err| Attempt::Retry(reason(&err))) }
     })
     .await?;
-    Ok(Link { url: url.to_string(), channel, window })
+    Ok(Link { url: url.to_string(), at: format!("the coordinator at {url}"), channel, window })
 }
 
 /// Runs `op` on the retry ladder; prints ADR-0042's routability line when retrying cost something,
 /// and turns a give-up into [`CliError::Unreachable`] naming `url` and the last reason.
-pub async fn on_ladder<T, F, Fut>(seat: &str, url: &str, window: Duration, op: F) -> Result<T, CliError>
+pub async fn on_ladder<T, F, Fut>(seat: &str, url: &str, window: Duration, mut op: F) -> Result<T, CliError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, Attempt<String>>>,
 {
     let mut ladder = Ladder::new(LadderConfig::with_window(window), seed());
+    // Said as it happens, so a coordinator that is not there never looks like a hang: the first
+    // retry comes a quarter second after the first failure.
+    let attempt = std::cell::Cell::new(0u32);
+    let started = Instant::now();
+    let said = |reason: &str| {
+        let n = attempt.get() + 1;
+        if n == 2 || n % 5 == 0 {
+            eprintln!(
+                "kiln: {url}: {reason} — retrying (attempt {n}, giving up after {} s)",
+                window.saturating_sub(started.elapsed()).as_secs().max(1)
+            );
+        }
+    };
+    let op = || {
+        let next = op();
+        let (attempt, said) = (&attempt, &said);
+        async move {
+            let outcome = next.await;
+            attempt.set(attempt.get() + 1);
+            if let Err(Attempt::Retry(reason)) = &outcome {
+                said(reason);
+            }
+            outcome
+        }
+    };
     match retry_measured(&mut ladder, &TokioClock, op).await {
         Ok(done) => {
             if let Some(line) = done.routability_line(seat, url) {
@@ -83,7 +111,7 @@ where
             if gave_up.attempts > 1 {
                 eprintln!("{}", gave_up.routability_line(seat, url));
             }
-            Err(CliError::Unreachable { url: url.to_string(), reason: gave_up.last })
+            Err(CliError::Unreachable { at: format!("the coordinator at {url}"), reason: gave_up.last })
         }
     }
 }
@@ -139,9 +167,25 @@ where
 /// address with the OS's reason.
 pub fn refused_by(link: &Link, call: &'static str, status: tonic::Status) -> CliError {
     if status.code() == tonic::Code::Unavailable {
-        return CliError::Unreachable { url: link.url.clone(), reason: reason(&status) };
+        return CliError::Unreachable { at: link.at.clone(), reason: reason(&status) };
     }
-    CliError::Refused { url: link.url.clone(), call, code: status.code(), message: status.message().to_string() }
+    CliError::Refused { at: link.at.clone(), call, code: status.code(), message: status.message().to_string() }
+}
+
+/// A stream of events that broke mid-way: a transport failure (the coordinator died or the
+/// connection was cut) is [`CliError::WentAway`]; an answer the coordinator sent is as
+/// [`refused_by`] says.
+pub fn broke(link: &Link, call: &'static str, converge_id: &str, status: tonic::Status) -> CliError {
+    // A status the coordinator sent has no source; one made from a transport error has one.
+    let transport = std::error::Error::source(&status).is_some() || status.code() == tonic::Code::Unavailable;
+    if transport {
+        return CliError::WentAway {
+            at: link.at.clone(),
+            converge_id: converge_id.to_string(),
+            reason: reason(&status),
+        };
+    }
+    refused_by(link, call, status)
 }
 
 /// True when `err` says the connection was never made (so the request cannot have been received).
@@ -193,7 +237,7 @@ fn seed() -> u64 {
 }
 
 /// The ladder's clock on tokio time, so a paused test clock drives it.
-struct TokioClock;
+pub(crate) struct TokioClock;
 
 impl Clock for TokioClock {
     fn now(&self) -> Instant {

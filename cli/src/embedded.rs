@@ -46,14 +46,25 @@ impl Embedded {
     /// waits (at most [`AGENT_WAIT`]) until the coordinator answers — and lists the agent as
     /// connected, when there is one.
     pub async fn start(site: EmbeddedSite, with_agent: bool, window: Duration) -> Result<(Embedded, Link), CliError> {
+        Embedded::start_with(site, with_agent, false, window).await
+    }
+
+    /// [`Embedded::start`], optionally as a read-only coordinator (no agent, no lock needed).
+    async fn start_with(
+        site: EmbeddedSite,
+        with_agent: bool,
+        read_only: bool,
+        window: Duration,
+    ) -> Result<(Embedded, Link), CliError> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
-            .map_err(|err| CliError::Unreachable { url: "127.0.0.1:0".into(), reason: connect::reason(&err) })?;
+            .map_err(|err| CliError::Unreachable { at: site.describe(), reason: connect::reason(&err) })?;
         let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
         let url = format!("http://127.0.0.1:{port}");
 
         let (stop_coordinator, stopped) = oneshot::channel::<()>();
-        let config = Config::new(site.state_dir(), site.farm.clone());
+        let mut config = Config::new(site.state_dir(), site.farm.clone());
+        config.read_only = read_only;
         let coordinator = tokio::spawn(kiln_coordinator::serve(listener, config, async move {
             let _ = stopped.await;
         }));
@@ -92,7 +103,7 @@ impl Embedded {
 
     async fn until_ready(&mut self, window: Duration) -> Result<Link, CliError> {
         let channel = connect::endpoint(&self.url)?.connect_lazy();
-        let link = Link { url: self.url.clone(), channel, window };
+        let link = Link { url: self.url.clone(), at: self.site.describe(), channel, window };
         let mut client = KilnClient::new(link.channel.clone());
         let agent_id = self.site.agent_id();
         let deadline = tokio::time::Instant::now() + AGENT_WAIT;
@@ -110,10 +121,10 @@ impl Embedded {
             if tokio::time::Instant::now() >= deadline {
                 return Err(match self.agent {
                     Some(_) => {
-                        CliError::AgentTimeout { agent: agent_id, url: self.url.clone(), secs: AGENT_WAIT.as_secs() }
+                        CliError::AgentTimeout { agent: agent_id, at: self.site.describe(), secs: AGENT_WAIT.as_secs() }
                     }
                     None => CliError::Unreachable {
-                        url: self.url.clone(),
+                        at: self.site.describe(),
                         reason: format!("the embedded coordinator did not answer within {} s", AGENT_WAIT.as_secs()),
                     },
                 });
@@ -211,6 +222,57 @@ where
             drop(lock);
             result
         }
+    }
+}
+
+/// Runs a read (`status`, `logs`, `pins`) against the coordinator `connect` names, or an embedded
+/// one. Reads need no lock: while another `kiln` holds `$KILN_HOME` (a long `kiln up`), a
+/// read-only coordinator serves the state beside it instead of waiting for it to finish.
+pub async fn with_reader<T, F, Fut>(connect: &Connect, command: F) -> Result<T, CliError>
+where
+    F: FnOnce(Link) -> Fut,
+    Fut: Future<Output = Result<T, CliError>>,
+{
+    let Some(site) =
+        connect.coordinator.is_none().then(|| EmbeddedSite::prepare(connect.kiln_home.as_deref())).transpose()?
+    else {
+        return with_coordinator(connect, false, command).await;
+    };
+    match try_lock_home(&site)? {
+        Some(lock) => {
+            let (embedded, link) = Embedded::start(site, false, connect.retry_window).await?;
+            let result = command(link).await;
+            embedded.shutdown().await;
+            drop(lock);
+            result
+        }
+        None => {
+            let (embedded, link) = Embedded::start_with(site, false, true, connect.retry_window).await?;
+            let result = command(link).await;
+            embedded.shutdown().await;
+            result
+        }
+    }
+}
+
+/// `$KILN_HOME`'s lock if no other `kiln` holds it, else `None`.
+fn try_lock_home(site: &EmbeddedSite) -> Result<Option<std::fs::File>, CliError> {
+    let path = site.home.join("embedded.lock");
+    let home_err = |err| CliError::Home { path: path.clone(), err };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(home_err)?;
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = std::fs::write(&path, format!("pid {}", std::process::id()));
+            Ok(Some(file))
+        }
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(err)) => Err(home_err(err)),
     }
 }
 

@@ -54,9 +54,14 @@ pub enum CliError {
     DockerfileChanged { image: String, path: PathBuf },
     #[error("coordinator address {url:?} is not usable: {why}")]
     BadUrl { url: String, why: String },
-    /// `reason` is the OS's word for it (`connection refused`), never the transport's wrapper.
-    #[error("cannot reach the coordinator at {url}: {reason}")]
-    Unreachable { url: String, reason: String },
+    /// `at` names the coordinator (`the coordinator at http://…`, or the embedded one by its
+    /// home); `reason` is the OS's word for it (`connection refused`), never the transport's wrapper.
+    #[error("cannot reach {at}: {reason}")]
+    Unreachable { at: String, reason: String },
+    /// The stream of a running converge broke: the coordinator died or was cut off. The converge
+    /// is reported failed when it is back (its claims expire on their lease).
+    #[error("{at} went away during the converge ({reason}) — once it is back, `kiln logs {converge_id}` shows how it ended; run `kiln up` again")]
+    WentAway { at: String, converge_id: String, reason: String },
     #[error("no home for the embedded coordinator — set KILN_HOME (or HOME), or pass --coordinator URL")]
     NoHome,
     #[error("cannot prepare KILN_HOME {path}")]
@@ -82,20 +87,20 @@ pub enum CliError {
     #[error("the embedded agent {agent} stopped before it connected")]
     AgentStopped { agent: String },
     #[error(
-        "the embedded agent {agent} did not connect to the coordinator at {url} within {secs} s — is the Docker \
+        "the embedded agent {agent} did not connect to {at} within {secs} s — is the Docker \
          daemon running and readable by this user?"
     )]
-    AgentTimeout { agent: String, url: String, secs: u64 },
+    AgentTimeout { agent: String, at: String, secs: u64 },
     #[error("the embedded {what} panicked")]
     EmbeddedPanicked { what: &'static str },
     /// The coordinator answered the call with an error; `message` is its word for why.
-    #[error("the coordinator at {url} refused {call}: {message}")]
-    Refused { url: String, call: &'static str, code: tonic::Code, message: String },
+    #[error("{at} refused {call}: {message}")]
+    Refused { at: String, call: &'static str, code: tonic::Code, message: String },
     #[error(
-        "the coordinator at {url} ended the events of converge {converge_id} before it finished — \
+        "{at} ended the events of converge {converge_id} before it finished — \
          `kiln logs {converge_id}` shows how it ended"
     )]
-    StreamEnded { url: String, converge_id: String },
+    StreamEnded { at: String, converge_id: String },
     #[error("cannot upload context {dir} (tree {short})")]
     Upload {
         dir: PathBuf,
@@ -125,6 +130,7 @@ impl CliError {
             // The coordinator judged the request itself malformed: the user's input, not the converge.
             CliError::Refused { code: tonic::Code::InvalidArgument, .. } => Exit::Usage,
             CliError::Unreachable { .. }
+            | CliError::WentAway { .. }
             | CliError::CoordinatorDown { .. }
             | CliError::CoordinatorStopped { .. }
             | CliError::AgentDown { .. }
@@ -158,18 +164,30 @@ mod tests {
             .expect_err("a manifest without images or target is refused");
         assert_eq!(CliError::Manifest(manifest).exit(), Exit::Usage);
         assert_eq!(CliError::BadUrl { url: "x".into(), why: "no scheme".into() }.exit(), Exit::Usage);
-        let unreachable =
-            CliError::Unreachable { url: "http://127.0.0.1:1".into(), reason: "connection refused".into() };
+        let unreachable = CliError::Unreachable {
+            at: "the coordinator at http://127.0.0.1:1".into(),
+            reason: "connection refused".into(),
+        };
         assert_eq!(unreachable.exit(), Exit::Unreachable);
         assert_eq!(unreachable.exit().code(), 3);
         assert_eq!(
-            CliError::AgentTimeout { agent: "embedded-h".into(), url: "http://127.0.0.1:9".into(), secs: 10 }.exit(),
+            CliError::AgentTimeout { agent: "embedded-h".into(), at: "the embedded coordinator".into(), secs: 10 }
+                .exit(),
             Exit::Unreachable
         );
-        let refused = |code| CliError::Refused { url: "u".into(), call: "Up", code, message: "m".into() };
+        let refused = |code| CliError::Refused { at: "u".into(), call: "Up", code, message: "m".into() };
         assert_eq!(refused(tonic::Code::InvalidArgument).exit(), Exit::Usage);
         assert_eq!(refused(tonic::Code::FailedPrecondition).exit(), Exit::Failed);
-        assert_eq!(CliError::StreamEnded { url: "u".into(), converge_id: "c".into() }.exit().code(), 1);
+        assert_eq!(CliError::StreamEnded { at: "u".into(), converge_id: "c".into() }.exit().code(), 1);
+        let went = CliError::WentAway {
+            at: "the coordinator at http://10.0.0.7:7070".into(),
+            converge_id: "c".into(),
+            reason: "connection reset".into(),
+        };
+        assert_eq!(went.exit().code(), 3, "a coordinator that went away is unreachable, not a failed converge");
+        assert!(went
+            .to_string()
+            .starts_with("the coordinator at http://10.0.0.7:7070 went away during the converge (connection reset)"));
         assert_eq!(Exit::Converged.code(), 0);
     }
 

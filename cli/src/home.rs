@@ -49,6 +49,11 @@ impl EmbeddedSite {
         self.home.join("scratch")
     }
 
+    /// How messages name the embedded coordinator: by its home, the one thing the user chose.
+    pub fn describe(&self) -> String {
+        format!("the embedded coordinator (KILN_HOME {})", self.home.display())
+    }
+
     /// `embedded-<hostname>`.
     pub fn agent_id(&self) -> String {
         format!("embedded-{}", self.host)

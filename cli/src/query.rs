@@ -8,7 +8,7 @@ use kiln_proto::v1::{AgentsRequest, ImagesRequest, LogsRequest, StatusRequest};
 use serde::Serialize;
 
 use crate::connect::{self, Kind};
-use crate::embedded::with_coordinator;
+use crate::embedded::{with_coordinator, with_reader};
 use crate::error::CliError;
 use crate::event::Event;
 use crate::render::{renderer, OutputMode, Render};
@@ -46,7 +46,7 @@ pub struct ListArgs {
 /// The records and recent converges the coordinator holds.
 pub async fn status(args: StatusArgs) -> Result<StatusView, CliError> {
     let request = StatusRequest { instance: args.instance.clone().unwrap_or_default() };
-    let view: StatusView = with_coordinator(&args.connect, false, |link| async move {
+    let view: StatusView = with_reader(&args.connect, |link| async move {
         let client = KilnClient::new(link.channel.clone());
         let reply = connect::call(&link, "Status", Kind::Read, || {
             let (mut client, request) = (client.clone(), request.clone());
@@ -71,7 +71,7 @@ pub async fn logs(args: LogsArgs) -> Result<Vec<Event>, CliError> {
 /// [`logs`] through `render`.
 pub async fn logs_with(args: &LogsArgs, render: &mut dyn Render) -> Result<Vec<Event>, CliError> {
     let request = LogsRequest { converge_id: args.converge_id.clone(), follow: args.follow };
-    with_coordinator(&args.connect, false, |link| async move {
+    with_reader(&args.connect, |link| async move {
         let client = KilnClient::new(link.channel.clone());
         let response = connect::call(&link, "Logs", Kind::Read, || {
             let (mut client, request) = (client.clone(), request.clone());

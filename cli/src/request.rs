@@ -32,6 +32,9 @@ pub struct ContextSource {
     pub walk: WalkOptions,
     /// The built images whose context this is (two images may share one).
     pub images: Vec<String>,
+    /// About how many bytes its archive takes (each entry's 512-byte header and padded content),
+    /// so an upload can show a total, a percentage and a rate.
+    pub archive_bytes: u64,
 }
 
 /// A built image after its walk: its wire spec and its context.
@@ -58,8 +61,9 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
     let mut addressed: BTreeMap<usize, Addressed> = built
         .par_iter()
         .map(|&(i, name, built)| {
-            let (_tree, digest, address) =
+            let (tree, digest, address) =
                 built.address(platforms).map_err(|err| CliError::Address { image: name.to_string(), err })?;
+            let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
             let repo = manifest.target.qualify(&built.repository);
             let reference = content_ref(&repo, &address, platforms)
                 .map_err(|err| CliError::ContentTag { image: name.to_string(), err })?;
@@ -104,6 +108,7 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
                 dir: built.context.clone(),
                 walk: built.walk_options(),
                 images: vec![name.to_string()],
+                archive_bytes,
             };
             Ok((i, Addressed { wire, digest: digest.to_string(), source }))
         })

@@ -217,9 +217,12 @@ async fn follow(
             Ok(Some(wire)) => Event::from(wire),
             Ok(None) => {
                 let converge_id = events.first().map_or("(not started)".to_string(), |e| e.converge_id.clone());
-                return Err(CliError::StreamEnded { url: link.url.clone(), converge_id });
+                return Err(CliError::StreamEnded { at: link.at.clone(), converge_id });
             }
-            Err(status) => return Err(connect::refused_by(link, call, status)),
+            Err(status) => {
+                let converge_id = events.first().map_or("(not started)".to_string(), |e| e.converge_id.clone());
+                return Err(connect::broke(link, call, &converge_id, status));
+            }
         };
         render.event(&event).map_err(CliError::Output)?;
         let finished = event.kind == EventKind::Finished;
@@ -271,7 +274,7 @@ async fn pin_call(args: PinArgs, pin: bool) -> Result<PinsView, CliError> {
 
 /// `kiln pins`: every pin.
 pub async fn pins(args: ListArgs) -> Result<PinsView, CliError> {
-    let view = with_coordinator(&args.connect, false, |link| async move {
+    let view = crate::embedded::with_reader(&args.connect, |link| async move {
         let client = KilnClient::new(link.channel.clone());
         let reply = connect::call(&link, "Pins", Kind::Read, || {
             let mut client = client.clone();

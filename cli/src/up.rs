@@ -17,7 +17,7 @@ use crate::error::{CliError, Exit};
 use crate::event::{Event, EventKind, Outcome};
 use crate::render::{renderer, OutputMode, Render};
 use crate::request::{plan_up, UpPlan};
-use crate::upload::{upload, UploadError};
+use crate::upload::{upload_on_ladder, UploadError};
 use crate::Connect;
 
 /// What `kiln up` is asked.
@@ -146,9 +146,12 @@ async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<
                     Ok(Some(wire)) => Event::from(wire),
                     Ok(None) => {
                         let converge_id = events.first().map_or("(not started)".to_string(), |e| e.converge_id.clone());
-                        return Err(CliError::StreamEnded { url: link.url.clone(), converge_id });
+                        return Err(CliError::StreamEnded { at: link.at.clone(), converge_id });
                     }
-                    Err(status) => return Err(connect::refused_by(&link, "Up", status)),
+                    Err(status) => {
+                        let converge_id = events.first().map_or("(not started)".to_string(), |e| e.converge_id.clone());
+                        return Err(connect::broke(&link, "Up", &converge_id, status));
+                    }
                 };
                 render.event(&event).map_err(CliError::Output)?;
                 if event.kind == EventKind::NeedContexts {
@@ -160,8 +163,9 @@ async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<
                         // Asked twice while the first upload runs: one upload answers both.
                         if in_flight.insert(digest.clone()) {
                             let (store, digest, source, tx) = (store.clone(), digest.clone(), source.clone(), progress_tx.clone());
+                            let (url, window) = (link.url.clone(), link.window);
                             uploads.spawn(async move {
-                                let result = upload(store, digest.clone(), source, Some(tx)).await;
+                                let result = upload_on_ladder(store, digest.clone(), source, Some(tx), &url, window).await;
                                 (digest, result)
                             });
                         }

@@ -43,7 +43,11 @@ pub enum UploadError {
     #[error("the coordinator refused it: {message}")]
     Refused { message: String },
     #[error("the connection to the coordinator broke: {reason}")]
-    Broken { reason: String },
+    Broken {
+        reason: String,
+        /// The connection was never made, so nothing of the upload was received: it may be sent again.
+        never_delivered: bool,
+    },
     #[error("the coordinator stored tree {stored}, not the one sent")]
     WrongDigest { stored: String },
     #[error("the packing thread panicked")]
@@ -211,9 +215,57 @@ pub async fn upload(
     Ok(packed.bytes)
 }
 
+/// [`upload`] on the retry ladder: an upload whose connection was never made (refused, unreachable)
+/// is an action that was never delivered, so it is sent again, as every call is (DESIGN.md "Talking
+/// across the network"); one that broke after bytes left is not. The routability line is printed
+/// when a retry cost something.
+pub async fn upload_on_ladder(
+    client: ContentStoreClient<Channel>,
+    digest: String,
+    source: ContextSource,
+    progress: Option<mpsc::UnboundedSender<(String, u64)>>,
+    url: &str,
+    window: std::time::Duration,
+) -> Result<u64, UploadError> {
+    use kiln_core::retry::{Attempt, Ladder, LadderConfig};
+    let mut ladder = Ladder::new(LadderConfig::with_window(window), u64::from(std::process::id()));
+    let last = std::sync::Mutex::new(None);
+    let result = kiln_core::retry::retry_measured(&mut ladder, &crate::connect::TokioClock, || {
+        let (client, digest, source, progress, last) =
+            (client.clone(), digest.clone(), source.clone(), progress.clone(), &last);
+        async move {
+            match upload(client, digest, source, progress).await {
+                Ok(bytes) => Ok(bytes),
+                Err(err) => {
+                    let retry = matches!(err, UploadError::Broken { never_delivered: true, .. });
+                    let text = err.to_string();
+                    *last.lock().unwrap() = Some(err);
+                    Err(if retry { Attempt::Retry(text) } else { Attempt::Fatal(text) })
+                }
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(done) => {
+            if let Some(line) = done.routability_line("kiln.upload", url) {
+                eprintln!("{line}");
+            }
+            Ok(done.value)
+        }
+        Err(gave_up) => {
+            if gave_up.attempts > 1 {
+                eprintln!("{}", gave_up.routability_line("kiln.upload", url));
+            }
+            Err(last.into_inner().unwrap().unwrap_or(UploadError::Panicked))
+        }
+    }
+}
+
 fn wire_error(status: tonic::Status) -> UploadError {
     if status.code() == tonic::Code::Unavailable {
-        UploadError::Broken { reason: crate::connect::reason(&status) }
+        let never_delivered = crate::connect::never_delivered(&status);
+        UploadError::Broken { reason: crate::connect::reason(&status), never_delivered }
     } else {
         UploadError::Refused { message: status.message().to_string() }
     }
@@ -235,7 +287,8 @@ mod tests {
         std::fs::write(tmp.path().join("etc/small"), "x").unwrap();
         let walk = WalkOptions { dockerfile: Some("Dockerfile".into()) };
         let (_, digest) = digest_dir(tmp.path(), &walk).unwrap();
-        let source = ContextSource { dir: tmp.path().to_path_buf(), walk, images: vec!["app".into()] };
+        let source =
+            ContextSource { dir: tmp.path().to_path_buf(), walk, images: vec!["app".into()], archive_bytes: 0 };
         (tmp, source, digest)
     }
 

@@ -23,6 +23,16 @@ pub struct KilnService {
     pub engine: Arc<Engine>,
 }
 
+/// Refuses a call that would change something on a read-only coordinator.
+fn writable(engine: &Engine, call: &str) -> Result<(), Status> {
+    match engine.config.read_only {
+        false => Ok(()),
+        true => Err(Status::failed_precondition(format!(
+            "this coordinator only reads (another kiln holds its state); {call} must wait for it"
+        ))),
+    }
+}
+
 fn store_status(err: StoreError) -> Status {
     match err {
         StoreError::ConvergeRunning { .. } => Status::aborted(kiln_core::error_chain(&err)),
@@ -132,6 +142,9 @@ impl pb::kiln_server::Kiln for KilnService {
 
     async fn up(&self, request: Request<pb::UpRequest>) -> Result<Response<EventStream>, Status> {
         let plan = UpPlan::try_from(request.into_inner())?;
+        if !plan.dry_run {
+            writable(&self.engine, "Up")?;
+        }
         if plan.dry_run {
             return Ok(Response::new(dry_run(self.engine.clone(), plan)));
         }
@@ -167,6 +180,7 @@ impl pb::kiln_server::Kiln for KilnService {
     type DownStream = EventStream;
 
     async fn down(&self, request: Request<pb::DownRequest>) -> Result<Response<EventStream>, Status> {
+        writable(&self.engine, "Down")?;
         let req = request.into_inner();
         if req.instance.is_empty() {
             return Err(Status::invalid_argument("DownRequest.instance is empty — name the instance to take down"));
@@ -194,6 +208,7 @@ impl pb::kiln_server::Kiln for KilnService {
     type GcStream = EventStream;
 
     async fn gc(&self, request: Request<pb::GcRequest>) -> Result<Response<EventStream>, Status> {
+        writable(&self.engine, "Gc")?;
         let req = request.into_inner();
         let converge = self.engine.store.open_converge(GC_INSTANCE, &req.requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
@@ -230,6 +245,7 @@ impl pb::kiln_server::Kiln for KilnService {
     }
 
     async fn pin(&self, request: Request<pb::PinRequest>) -> Result<Response<pb::PinsReply>, Status> {
+        writable(&self.engine, "Pin")?;
         let req = request.into_inner();
         let reference = pin_spelling(&req.reference)?;
         let store = &self.engine.store;
@@ -238,6 +254,7 @@ impl pb::kiln_server::Kiln for KilnService {
     }
 
     async fn unpin(&self, request: Request<pb::PinRequest>) -> Result<Response<pb::PinsReply>, Status> {
+        writable(&self.engine, "Unpin")?;
         let reference = pin_spelling(&request.into_inner().reference)?;
         let store = &self.engine.store;
         let changed = store.unpin(&reference).await.map_err(store_status)?;

@@ -44,11 +44,13 @@ impl std::fmt::Debug for Contexts {
 }
 
 impl Contexts {
-    /// Opens the store in `dir`, removing what a coordinator killed mid-upload left behind: an
-    /// `.upload-*` file is never a context, and no upload is running before the server starts.
-    pub fn open(dir: PathBuf, store: Arc<dyn Store>) -> std::io::Result<Contexts> {
+    /// Opens the store in `dir`; with `clean_up`, removing what a coordinator killed mid-upload
+    /// left behind: an `.upload-*` file is never a context, and no upload runs before the server
+    /// starts (a read-only coordinator beside a running one must not clean up).
+    pub fn open(dir: PathBuf, store: Arc<dyn Store>, clean_up: bool) -> std::io::Result<Contexts> {
         std::fs::create_dir_all(&dir)?;
-        for entry in std::fs::read_dir(&dir)? {
+        let entries = if clean_up { std::fs::read_dir(&dir)?.collect() } else { Vec::new() };
+        for entry in entries {
             let entry = entry?;
             if entry.file_name().to_string_lossy().starts_with(".upload-") {
                 tracing::info!(file = %entry.path().display(), "removing an upload a crash left behind");

@@ -26,6 +26,10 @@ pub struct Config {
     pub agent_lease: Duration,
     /// The cluster whose namespaces get `kiln-images` and whose objects are roots; none in embedded mode.
     pub kubernetes: Option<crate::kube::KubeConfig>,
+    /// Serve reads only, beside another coordinator that owns the state (a second `kiln status`
+    /// while an embedded `kiln up` runs): nothing is marked failed at start, no leftover is
+    /// cleaned, and every call that would change something is refused.
+    pub read_only: bool,
 }
 
 impl Config {
@@ -36,6 +40,7 @@ impl Config {
             claim_lease: Duration::from_secs(600),
             agent_lease: Duration::from_secs(30),
             kubernetes: None,
+            read_only: false,
         }
     }
 }
@@ -77,15 +82,17 @@ pub async fn serve(
     let dir = config.state_dir.clone();
     let store = SqliteStore::open(dir.join("kiln.db")).map_err(|err| ServeError::State { dir: dir.clone(), err })?;
     let store: Arc<dyn Store> = Arc::new(store);
-    let failed = store
-        .fail_in_flight("the coordinator restarted while it ran")
-        .await
-        .map_err(|err| ServeError::State { dir: dir.clone(), err })?;
-    for id in failed {
-        tracing::warn!(converge = %id, "converge was in flight when the coordinator stopped; marked failed");
+    if !config.read_only {
+        let failed = store
+            .fail_in_flight("the coordinator restarted while it ran")
+            .await
+            .map_err(|err| ServeError::State { dir: dir.clone(), err })?;
+        for id in failed {
+            tracing::warn!(converge = %id, "converge was in flight when the coordinator stopped; marked failed");
+        }
     }
     let contexts_dir = dir.join("contexts");
-    let contexts = Contexts::open(contexts_dir.clone(), store.clone())
+    let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only)
         .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?;
     let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
     let relay_dir = dir.join("relay");

@@ -128,3 +128,15 @@ pub fn busybox_base() -> &'static str {
     });
     BUSYBOX
 }
+
+/// Every image of repository `repo` as `repo:tag id` lines, sorted: what a test compares before
+/// and after something that must not touch the daemon.
+pub fn images_named(repo: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args(["images", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", repo])
+        .output()
+        .unwrap();
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    lines.sort();
+    lines
+}

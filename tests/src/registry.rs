@@ -50,8 +50,32 @@ impl Registry {
     }
 
     pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+        self.request("GET", path, headers).map(|(status, _, body)| (status, body))
+    }
+
+    /// Deletes `repo:tag` the way an operator would through the registry's API: resolve the tag to
+    /// its manifest digest, then delete by digest (the registry refuses a delete by tag).
+    pub fn delete_tag(&self, repo: &str, tag: &str) {
+        let accept = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json";
+        let (status, head, _) =
+            self.request("GET", &format!("/v2/{repo}/manifests/{tag}"), &[("Accept", accept)]).unwrap();
+        assert_eq!(status, 200, "{repo}:{tag} is in the registry");
+        let digest = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("docker-content-digest:")
+                    .then(|| l.split_once(':').unwrap().1.trim().to_string())
+            })
+            .expect("the registry names the manifest's digest");
+        let (status, _, body) = self.request("DELETE", &format!("/v2/{repo}/manifests/{digest}"), &[]).unwrap();
+        assert_eq!(status, 202, "delete {repo}@{digest}: {body}");
+    }
+
+    /// A plain HTTP/1.0 request: (status, headers, body).
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String, String)> {
         let mut stream = TcpStream::connect(&self.addr).ok()?;
-        let mut req = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n", self.addr);
+        let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {}\r\n", self.addr);
         for (k, v) in headers {
             req.push_str(&format!("{k}: {v}\r\n"));
         }
@@ -60,8 +84,8 @@ impl Registry {
         let mut raw = String::new();
         stream.read_to_string(&mut raw).ok()?;
         let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-        let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        Some((status, body))
+        let (head, body) = raw.split_once("\r\n\r\n").map(|(h, b)| (h.to_string(), b.to_string())).unwrap_or_default();
+        Some((status, head, body))
     }
 }
 

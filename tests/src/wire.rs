@@ -32,6 +32,13 @@ pub fn up_request(
                     kiln_core::manifest::DockerfileLoc::Outside { path, .. } => std::fs::read(path).unwrap(),
                     kiln_core::manifest::DockerfileLoc::Inside { .. } => Vec::new(),
                 };
+                // As the CLI sends it: the Dockerfile's own hash, wherever it lives.
+                let dockerfile_digest = match &b.dockerfile {
+                    kiln_core::manifest::DockerfileLoc::Inside { rel } => {
+                        blake3::hash(&std::fs::read(b.context.join(rel)).unwrap()).to_hex().to_string()
+                    }
+                    kiln_core::manifest::DockerfileLoc::Outside { .. } => blake3::hash(&outside).to_hex().to_string(),
+                };
                 pb::ImageSpec {
                     name: image.name.clone(),
                     kind: pb::image_spec::Kind::Built as i32,
@@ -42,7 +49,7 @@ pub fn up_request(
                     args: b.args.clone().into_iter().collect(),
                     target_stage: b.target.clone().unwrap_or_default(),
                     shared: b.shared,
-                    dockerfile_digest: String::new(),
+                    dockerfile_digest,
                 }
             }
             ImageSpec::Brought(r) | ImageSpec::Pinned(r) => pb::ImageSpec {
@@ -96,7 +103,20 @@ pub async fn upload(url: &str, digest: &str, data: Vec<u8>) -> Result<pb::Upload
 
 /// Runs `Up`, uploading the contexts asked for, and returns every event.
 pub async fn up(url: &str, dir: &std::path::Path, force: bool) -> Vec<pb::ConvergeEvent> {
-    let (req, contexts) = up_request(dir, force);
+    up_as(url, dir, |req| req.force = force).await
+}
+
+/// `Up --dry-run`: its events; it must never ask for a context.
+pub async fn up_dry(url: &str, dir: &std::path::Path, force: bool) -> Vec<pb::ConvergeEvent> {
+    let events = up_as(url, dir, |req| (req.force, req.dry_run) = (force, true)).await;
+    assert!(events.iter().all(|e| e.kind() != pb::converge_event::Kind::NeedContexts), "{events:#?}");
+    events
+}
+
+/// Runs `Up` with the request `edit` made of the instance folder's, uploading what is asked for.
+pub async fn up_as(url: &str, dir: &std::path::Path, edit: impl FnOnce(&mut pb::UpRequest)) -> Vec<pb::ConvergeEvent> {
+    let (mut req, contexts) = up_request(dir, false);
+    edit(&mut req);
     let mut client = pb::kiln_client::KilnClient::new(channel(url));
     let mut stream = client.up(req).await.unwrap().into_inner();
     let mut events = Vec::new();

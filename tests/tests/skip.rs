@@ -36,27 +36,38 @@ async fn first_up_builds_and_a_second_records_without_docker() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_state_wiped_labeled_images_of_this_farm_are_held_and_others_are_not() {
+async fn with_the_state_wiped_this_farms_images_are_held_and_another_farms_is_used_never_retagged() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = example("hello", tmp.path(), "hello", &unique("wipe"), None);
     let mut farm = Farm::start(&tmp.path().join("home")).await;
     assert!(succeeded(&up(&farm.url, &dir, false).await));
     assert_eq!(farm.builds(), 2);
 
-    // Another farm's image now wears web's exact tag.
+    // Another farm's image now wears web's exact tag: equivalent by address, so it is used as it
+    // is — moving the tag would leave that farm's record naming an image it no longer owns.
     let web = reference(&dir, "web");
     docker::remove(&web);
-    docker::plant_other_farm(&web, "home-0123456789ab");
+    let other = docker::plant_other_farm(&web, "home-0123456789ab");
 
     farm.wipe_state_and_restart().await;
     let events = up(&farm.url, &dir, false).await;
     assert!(succeeded(&events), "{events:#?}");
-    assert_eq!(images_with(&events, Kind::Held), vec!["worker"], "{events:#?}");
+    assert_eq!(images_with(&events, Kind::Held), vec!["web", "worker"], "{events:#?}");
+    let reason = |name: &str| {
+        events.iter().find(|e| e.kind() == Kind::Held && e.image == name).and_then(|e| e.reason.clone()).unwrap()
+    };
+    assert_eq!(reason("worker").kind(), kiln_proto::v1::reason::Kind::Held);
+    assert_eq!(reason("web").kind(), kiln_proto::v1::reason::Kind::HeldByFarm);
+    assert_eq!(reason("web").farm, "home-0123456789ab");
     assert_eq!(images_with(&events, Kind::Delivered), vec!["web", "worker"], "held images are still delivered");
-    assert_eq!(images_with(&events, Kind::Built), vec!["web"], "another farm's image never counts as held");
-    assert_eq!(farm.builds(), 3);
-    assert_eq!(docker::label(&web, "kiln.dev/farm").as_deref(), Some(farm.farm_id.as_str()));
+    assert_eq!(farm.builds(), 2, "nothing is built: the tag is never moved off another farm's image");
+    assert_eq!(docker::image_id(&web), Some(other.clone()));
+    assert_eq!(docker::label(&web, "kiln.dev/farm").as_deref(), Some("home-0123456789ab"));
+    // This farm's reliance is on the daemon itself, so the owner's sweep leaves the tag.
+    let hold = kiln_core::sweep::hold_ref(&farm.farm_id, &web).unwrap();
+    assert_eq!(docker::image_id(&hold), Some(other));
     farm.stop().await;
+    docker::remove(&hold);
     remove_built(&dir);
 }
 

@@ -284,6 +284,11 @@ impl HostStore for DockerStore {
             PushFailure::Lost(source) => {
                 HostError::Lost { host: self.host.clone(), op: "push", object: reference.to_string(), source }
             }
+            // Docker reports a registry it could not dial only in words (`dial tcp …: connect:
+            // connection refused`); this is the one place they are read, and they become a type.
+            PushFailure::Daemon(why) if never_connected(&why) => {
+                HostError::RegistryRefused { reference: reference.to_string(), why }
+            }
             PushFailure::Daemon(why) => HostError::PushFailed { reference: reference.to_string(), why },
         })
     }
@@ -365,6 +370,13 @@ fn bare_digests(repo_digests: Vec<String>) -> Vec<String> {
     digests.sort();
     digests.dedup();
     digests
+}
+
+/// Whether the daemon's push error says it never reached the registry: Go's dialer wording.
+fn never_connected(why: &str) -> bool {
+    why.contains("connect: connection refused")
+        || why.contains("connect: no route to host")
+        || why.contains("connect: network is unreachable")
 }
 
 /// `sha256:` and 64 lowercase hex digits.

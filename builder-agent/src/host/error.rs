@@ -46,6 +46,10 @@ pub enum HostError {
     BuildFailed { tag: String, step: String },
     #[error("push of {reference} failed: {why}")]
     PushFailed { reference: String, why: String },
+    /// The daemon could not connect to the registry at all: nothing of the push was delivered, so
+    /// it may be sent again.
+    #[error("push of {reference} failed: the registry refused the connection: {why}")]
+    RegistryRefused { reference: String, why: String },
     #[error("{reference} does not name exactly one tag — pushes and untags take `repo:tag`, with no digest")]
     NotPushable {
         reference: String,

@@ -32,6 +32,8 @@ pub struct Tty {
     multi: MultiProgress,
     bars: HashMap<String, ProgressBar>,
     names: ContextNames,
+    /// Per context digest: its archive's expected size, and when its upload started.
+    uploads: HashMap<String, (u64, Option<std::time::Instant>)>,
     tails: Tails,
     /// The job (`gc`, `down x`) the converge's `Started` named; `None` for an up.
     job: Option<String>,
@@ -61,6 +63,7 @@ impl Tty {
             multi: MultiProgress::with_draw_target(ProgressDrawTarget::stdout()),
             bars: HashMap::new(),
             names: ContextNames::new(),
+            uploads: HashMap::new(),
             tails: Tails::default(),
             job: None,
             running,
@@ -95,6 +98,7 @@ impl Render for Tty {
 
     fn addressed(&mut self, plan: &UpPlan) {
         self.names = context_names(plan);
+        self.uploads = plan.contexts.iter().map(|(d, c)| (d.clone(), (c.archive_bytes, None))).collect();
         for image in &plan.request.images {
             if self.bars.contains_key(&image.name) {
                 self.bar(&image.name).set_message(format!("addressed {}", image.reference));
@@ -137,8 +141,11 @@ impl Render for Tty {
     }
 
     fn upload_progress(&mut self, digest: &str, sent: u64) {
+        let (total, started) = self.uploads.entry(digest.to_string()).or_insert((0, None));
+        let elapsed = started.get_or_insert_with(std::time::Instant::now).elapsed();
+        let text = upload_text(sent, *total, elapsed);
         for image in self.names.get(digest).cloned().unwrap_or_default() {
-            self.bar(&image).set_message(format!("uploading context {}", human_bytes(sent)));
+            self.bar(&image).set_message(text.clone());
         }
     }
 
@@ -155,9 +162,37 @@ impl Render for Tty {
     }
 }
 
+/// `uploading context 12.3 MB of 40.1 MB (31%, 210.0 MB/s)`; without a known total, the bytes and
+/// rate alone.
+pub fn upload_text(sent: u64, total: u64, elapsed: Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    let rate = (secs > 0.05).then(|| format!("{}/s", human_bytes((sent as f64 / secs) as u64)));
+    let mut details = Vec::new();
+    let mut text = format!("uploading context {}", human_bytes(sent));
+    if total > 0 {
+        text.push_str(&format!(" of {}", human_bytes(total)));
+        details.push(format!("{}%", (sent.min(total) * 100) / total));
+    }
+    details.extend(rate);
+    if !details.is_empty() {
+        text.push_str(&format!(" ({})", details.join(", ")));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_upload_line_shows_total_percentage_and_rate() {
+        assert_eq!(
+            upload_text(12_300_000, 41_000_000, Duration::from_secs(1)),
+            "uploading context 12.3 MB of 41.0 MB (30%, 12.3 MB/s)"
+        );
+        assert_eq!(upload_text(0, 41_000_000, Duration::ZERO), "uploading context 0 B of 41.0 MB (0%)");
+        assert_eq!(upload_text(5_000_000, 0, Duration::from_secs(2)), "uploading context 5.0 MB (2.5 MB/s)");
+    }
 
     #[test]
     fn an_images_line_follows_its_state() {

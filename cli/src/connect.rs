@@ -77,13 +77,13 @@ where
     let mut ladder = Ladder::new(LadderConfig::with_window(window), seed());
     // Said as it happens, so a coordinator that is not there never looks like a hang: the first
     // retry comes a quarter second after the first failure.
-    let attempt = std::cell::Cell::new(0u32);
+    let attempt = std::sync::atomic::AtomicU32::new(0);
     let started = Instant::now();
     let said = |reason: &str| {
-        let n = attempt.get() + 1;
+        let n = attempt.load(std::sync::atomic::Ordering::Relaxed) + 1;
         if n == 2 || n % 5 == 0 {
             eprintln!(
-                "kiln: {url}: {reason} — retrying (attempt {n}, giving up after {} s)",
+                "kiln: cannot reach {url} yet — retrying (attempt {n}, {reason}; giving up in {} s)",
                 window.saturating_sub(started.elapsed()).as_secs().max(1)
             );
         }
@@ -93,7 +93,7 @@ where
         let (attempt, said) = (&attempt, &said);
         async move {
             let outcome = next.await;
-            attempt.set(attempt.get() + 1);
+            attempt.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if let Err(Attempt::Retry(reason)) = &outcome {
                 said(reason);
             }
@@ -135,7 +135,7 @@ where
 {
     // The status that stopped the ladder is kept whole (its code decides the exit code); the
     // ladder itself only needs a line of text.
-    let stopped = std::cell::RefCell::new(None);
+    let stopped = std::sync::Mutex::new(None);
     let seat = format!("kiln.{call}");
     let result = on_ladder(&seat, &link.url, link.window, || {
         let attempt = op();
@@ -149,14 +149,14 @@ where
                     if retry {
                         return Err(Attempt::Retry(reason(&status)));
                     }
-                    *stopped.borrow_mut() = Some(status);
+                    *stopped.lock().unwrap() = Some(status);
                     Err(Attempt::Fatal(String::new()))
                 }
             }
         }
     })
     .await;
-    match (result, stopped.into_inner()) {
+    match (result, stopped.into_inner().unwrap()) {
         (Ok(value), _) => Ok(value),
         (Err(_), Some(status)) => Err(refused_by(link, call, status)),
         (Err(err), None) => Err(err),

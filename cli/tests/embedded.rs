@@ -33,8 +33,7 @@ fn images(events: &[kiln::Event], kind: EventKind) -> Vec<String> {
 
 fn remove_tags(events: &[kiln::Event]) {
     for e in events.iter().filter(|e| e.kind == EventKind::Building) {
-        let tag = e.message.split(" on ").next().unwrap();
-        let _ = std::process::Command::new("docker").args(["rmi", "--force", "--no-prune", tag]).output();
+        let _ = std::process::Command::new("docker").args(["rmi", "--force", "--no-prune", &e.reference]).output();
     }
 }
 
@@ -115,4 +114,96 @@ async fn a_second_kiln_on_the_same_home_waits_instead_of_failing_the_first() {
     assert!(status.converges.iter().all(|c| c.outcome == Outcome::Succeeded), "{:#?}", status.converges);
     remove_tags(&first.events);
     remove_tags(&second.events);
+}
+
+/// A second `kiln status` while another `kiln` holds `$KILN_HOME` (a long embedded `kiln up`)
+/// reads beside it instead of waiting for it to finish.
+#[test]
+fn status_reads_while_another_kiln_holds_the_home() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("kiln-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let lock =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(home.join("embedded.lock")).unwrap();
+    lock.lock().unwrap();
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["status"])
+        .env("KILN_HOME", &home)
+        .env_remove("KILN_COORDINATOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Not a speed check: a status that waits for the lock would wait until it is released, which
+    // this test never does before the deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kiln status waited for the lock another kiln holds");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(!stderr.contains("waiting for it to finish"), "stderr: {stderr}");
+    drop(lock);
+}
+
+/// `kiln logs … | head`: a reader that stops early is not a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_into_a_pipe_closed_early_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = hello(tmp.path());
+    let home = tmp.path().join("kiln-home");
+    let first = kiln::up(args(&dir, &home)).await.unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["logs", &first.converge_id])
+        .env("KILN_HOME", &home)
+        .env_remove("KILN_COORDINATOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first_bytes = [0u8; 8];
+    std::io::Read::read_exact(&mut stdout, &mut first_bytes).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.to_lowercase().contains("broken pipe"), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    remove_tags(&first.events);
+}
+
+/// A coordinator that dies mid-converge is said as such, with exit 3 — not as a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_gone_mid_converge_is_said_and_exits_3() {
+    use std::sync::atomic::Ordering;
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, _) = hello(tmp.path());
+    let mut farm = kiln_e2e::Farm::start(&tmp.path().join("farm")).await;
+    farm.store.pause.armed.store(true, Ordering::SeqCst);
+    let store = farm.store.clone();
+    let gate = store.pause.gate.lock().await;
+    let args = UpArgs { connect: Connect::remote(farm.url.clone()), ..args(&dir, &home_unused(&tmp)) };
+    let up = tokio::spawn(async move { kiln::up(args).await });
+    tokio::time::timeout(std::time::Duration::from_secs(60), farm.store.pause.built.notified())
+        .await
+        .expect("a build ran");
+    farm.crash_coordinator();
+    let err = up.await.unwrap().expect_err("the converge's stream broke");
+    drop(gate);
+    assert_eq!(err.exit(), Exit::Unreachable, "{err}");
+    let text = kiln::error::report(&err);
+    assert!(text.starts_with(&format!("the coordinator at {} went away during the converge (", farm.url)), "{text}");
+    assert!(!text.contains("h2 protocol error"), "{text}");
+    farm.stop().await;
+    kiln_e2e::fixture::remove_built(&dir);
+}
+
+fn home_unused(tmp: &tempfile::TempDir) -> PathBuf {
+    tmp.path().join("unused-home")
 }

@@ -8,7 +8,7 @@ fn kiln(args: &[&str]) -> Output {
         .args(args)
         // Neither may leak in from the environment running the tests.
         .env_remove("KILN_COORDINATOR")
-        .env_remove("KILN_RETRY_WINDOW")
+        .env_remove("KILN_CONNECT_TIMEOUT")
         .output()
         .expect("the kiln binary runs")
 }
@@ -45,7 +45,7 @@ fn the_coordinator_can_come_from_the_environment() {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["up", hello.to_str().unwrap()])
         .env("KILN_COORDINATOR", &url)
-        .env("KILN_RETRY_WINDOW", "0")
+        .env("KILN_CONNECT_TIMEOUT", "0")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -83,4 +83,70 @@ fn help_documents_the_exit_codes() {
     {
         assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
     }
+}
+
+#[test]
+fn global_flags_may_come_before_the_subcommand() {
+    let url = closed_port_url();
+    let out = kiln(&["--coordinator", &url, "--connect-timeout", "1", "status"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert!(stderr.contains(&format!("cannot reach the coordinator at {url}: connection refused")), "stderr: {stderr}");
+}
+
+#[test]
+fn an_unreachable_coordinator_is_said_to_be_retried_as_it_happens() {
+    let url = closed_port_url();
+    let started = std::time::Instant::now();
+    let out = kiln(&["status", "--coordinator", &url, "--connect-timeout", "2"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("kiln: cannot reach {url} yet — retrying (attempt 2, connection refused;")),
+        "stderr: {stderr}"
+    );
+    // The window given is honoured: far from the default 90 s.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn refs_exits_2_on_a_manifest_error_as_up_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("kiln.toml"), "instance = \"x\"\n[target]\nkind = \"moon\"\n").unwrap();
+    let out = kiln(&["refs", tmp.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("kiln.toml:3: unknown target kind"), "stderr: {stderr}");
+}
+
+#[test]
+fn digest_of_a_missing_directory_names_it_and_exits_2() {
+    let out = kiln(&["digest", "no-such-context-dir"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("cannot read context directory no-such-context-dir"), "stderr: {stderr}");
+    assert!(!stderr.contains("cannot read ."), "stderr: {stderr}");
+}
+
+#[test]
+fn a_reader_that_stops_early_is_not_an_error() {
+    // `kiln digest --list … | head -1`: the pipe closes after the first line.
+    let tmp = tempfile::tempdir().unwrap();
+    for i in 0..20_000 {
+        std::fs::write(tmp.path().join(format!("f{i:05}")), "x").unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["digest", "--list", tmp.path().to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.to_lowercase().contains("broken pipe"), "stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
 }

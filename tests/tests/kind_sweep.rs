@@ -103,14 +103,25 @@ async fn gc_on_a_kind_node_keeps_what_its_containers_use_unlabeled_images_and_ot
     assert!(refs.contains(&qualified(&other_farm)), "another farm's: {refs:?}");
     assert!(!refs.contains(&qualified(&garbage)), "this farm's garbage goes, so the node really was swept: {refs:?}");
 
-    // `kiln images` shows what Kiln labeled on the node, whatever the farm, and nothing else.
+    // `kiln images --all-farms` shows what Kiln labeled on the node, whatever the farm, and
+    // nothing else; without it, this farm's alone.
     let store = kiln_agent::stores::kind_store_id("e2e-agent", &node.name);
-    let mut client = pb::kiln_client::KilnClient::new(channel(&farm.url));
-    let stores = client.images(pb::ImagesRequest::default()).await.unwrap().into_inner().stores;
-    let listed = stores.iter().find(|s| s.store == store).unwrap_or_else(|| panic!("no {store} in {stores:#?}"));
-    let ids: Vec<&str> = listed.images.iter().map(|i| i.id.as_str()).collect();
-    assert!(ids.contains(&other_farm_id.as_str()), "{ids:?}");
-    assert!(!ids.contains(&unlabeled_id.as_str()), "{ids:?}");
+    let client = pb::kiln_client::KilnClient::new(channel(&farm.url));
+    let ids_listed = |all_farms| {
+        let mut client = client.clone();
+        let store = store.clone();
+        async move {
+            let stores = client.images(pb::ImagesRequest { all_farms }).await.unwrap().into_inner().stores;
+            let listed =
+                stores.iter().find(|s| s.store == store).unwrap_or_else(|| panic!("no {store} in {stores:#?}"));
+            listed.images.iter().map(|i| i.id.clone()).collect::<Vec<String>>()
+        }
+    };
+    let ids = ids_listed(true).await;
+    assert!(ids.contains(&other_farm_id), "{ids:?}");
+    assert!(!ids.contains(&unlabeled_id), "{ids:?}");
+    let ours = ids_listed(false).await;
+    assert!(!ours.contains(&other_farm_id), "another farm's image is listed only with --all-farms: {ours:?}");
     farm.stop().await;
     for r in [&second, &third] {
         docker::remove(r);

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use kiln_core::refs::ImageRef;
-use kiln_core::sweep::{hold_ref, ListedImage, LABEL_CONVERGE, LABEL_FARM, LABEL_KIND};
+use kiln_core::sweep::{hold_ref, ListedImage, LABEL_FARM, LABEL_KIND};
 use kiln_proto::v1 as pb;
 
 use super::{Engine, Failure};
@@ -134,8 +134,11 @@ impl Engine {
                     decisions.push(decision(Action::Deliver, gone.unwrap_or(Reason::HeldByFarm { farm }), false));
                     continue;
                 }
-                Some(found) if !plan.force => {
-                    let converge = found.labels.get(LABEL_CONVERGE).cloned().unwrap_or_default();
+                Some(_) if !plan.force => {
+                    // Not a label: a converge id in the config would give every rebuild of one
+                    // address a new image id, and nodes holding the old one would import again.
+                    let converge = self.store.builder_of(&image.reference).await.ok().flatten();
+                    let converge = converge.map(|c| c.to_string()).unwrap_or_default();
                     decisions.push(decision(Action::Deliver, gone.unwrap_or(Reason::Held { converge }), false));
                     continue;
                 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kiln_core::sweep::{LABEL_CONTEXT, LABEL_CONVERGE, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
+use kiln_core::sweep::{LABEL_CONTEXT, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
 use kiln_proto::v1 as pb;
 
 use super::decide::{address_inputs, Decision};
@@ -196,7 +196,6 @@ impl Engine {
         }
         labels.insert(LABEL_FARM.to_string(), self.config.farm.clone());
         labels.insert(LABEL_CONTEXT.to_string(), inputs.context.to_string());
-        labels.insert(LABEL_CONVERGE.to_string(), id.to_string());
         let task = pb::BuildTask {
             tag: d.image.reference.clone(),
             context_digest: inputs.context.to_string(),

@@ -75,6 +75,9 @@ pub trait Store: Send + Sync + 'static {
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StoreError>;
     /// Newest first, at most `limit`, of one instance or of all.
     async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError>;
+    /// The converge that most recently started building `reference` (its `building` event), if
+    /// its log is still kept: what "held (built by converge X)" names.
+    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StoreError>;
     /// At coordinator start: every converge still running is marked failed with `reason`, and a
     /// `Failed` event saying so is appended. Its claims are left to expire on their lease.
     async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StoreError>;

@@ -27,8 +27,6 @@ pub const LABEL_INSTANCE: &str = "kiln.dev/instance";
 pub const LABEL_FARM: &str = "kiln.dev/farm";
 /// Label carrying the full tree digest of the context an image was built from.
 pub const LABEL_CONTEXT: &str = "kiln.dev/context";
-/// Label naming the converge that built the image, so "held" can say which one.
-pub const LABEL_CONVERGE: &str = "kiln.dev/converge";
 /// The `kiln.dev/kind` of a base image many instances share; also its key in
 /// [`StorePlan::freed_by_instance`].
 pub const KIND_SHARED: &str = "shared";

@@ -85,6 +85,25 @@ pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u
         .collect()
 }
 
+/// The converge that most recently started building `reference`, from the events it logged.
+pub(super) fn builder_of(conn: &mut Connection, reference: &str) -> Result<Option<ConvergeId>, StoreError> {
+    let what = || format!("looking up the converge that built {reference}");
+    // The reference is JSON-escaped as the event stored it; LIKE's wildcards in it are escaped too.
+    let quoted = serde_json::to_string(reference).unwrap_or_default();
+    let escaped: String =
+        quoted.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
+    let pattern = format!("%\"reference\":{escaped}%");
+    conn.query_row(
+        "SELECT converge_id FROM events WHERE kind LIKE '{\"kind\":\"building\"%' AND kind LIKE ?1 ESCAPE '\\' \
+         ORDER BY at_ms DESC LIMIT 1",
+        [pattern],
+        |row| row.get::<_, String>(0),
+    )
+    .optional()
+    .ctx(what)
+    .map(|id| id.map(ConvergeId::from))
+}
+
 pub(super) fn finish(
     conn: &mut Connection,
     now_ms: u64,

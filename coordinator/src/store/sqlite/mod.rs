@@ -294,6 +294,14 @@ impl Store for SqliteStore {
         self.run(format!("looking up context {digest}"), move |c, _| catalog::context(c, &digest)).await
     }
 
+    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StoreError> {
+        let reference = reference.to_owned();
+        self.run(format!("looking up the converge that built {reference}"), move |c, _| {
+            converges::builder_of(c, &reference)
+        })
+        .await
+    }
+
     async fn contexts(&self) -> Result<Vec<ContextRow>, StoreError> {
         self.run("listing contexts".into(), |c, _| catalog::contexts(c)).await
     }

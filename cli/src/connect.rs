@@ -81,7 +81,7 @@ where
     let started = Instant::now();
     let said = |reason: &str| {
         let n = attempt.load(std::sync::atomic::Ordering::Relaxed) + 1;
-        if n == 2 || n % 5 == 0 {
+        if n == 2 || n.is_multiple_of(5) {
             eprintln!(
                 "kiln: cannot reach {url} yet — retrying (attempt {n}, {reason}; giving up in {} s)",
                 window.saturating_sub(started.elapsed()).as_secs().max(1)

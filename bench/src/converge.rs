@@ -133,6 +133,16 @@ pub fn noop_up(args: &NoopArgs) -> Result<()> {
             std::hint::black_box(addresses.len());
             Ok(took)
         }),
+        // "Recorded means present": for a `local` target every no-op converge lists the host
+        // store once (labeled images) to confirm what the record names is there.
+        Contestant::new("piece: presence confirmation (labeled listing)", || {
+            use kiln_agent::host::HostStore;
+            let started = Instant::now();
+            let listed = rt.block_on(farm.store.list_labeled())?;
+            let took = started.elapsed();
+            std::hint::black_box(listed.len());
+            Ok(took)
+        }),
         Contestant::new("piece: load + plan_up", || {
             let started = Instant::now();
             let manifest = Manifest::load(&dir)?;
@@ -157,10 +167,15 @@ pub fn noop_up(args: &NoopArgs) -> Result<()> {
         nagle(args.nodelay)
     );
     util::print_table("No-op `kiln up` vs hashing the contexts", &contestants);
-    let (up, hash, plan) = (contestants[0].median(), contestants[1].median(), contestants[2].median());
+    let (up, hash, confirm, plan) =
+        (contestants[0].median(), contestants[1].median(), contestants[2].median(), contestants[3].median());
     println!();
     println!("- up / hash-only: {:.2} (goal ≤ 1.20)", up.as_secs_f64() / hash.as_secs_f64());
     util::goal("hash-only / up", util::speedup(hash, up), 1.0 / 1.2);
+    println!(
+        "- presence confirmation (one labeled listing of the host store): {:.1} ms (goal ≤ 15 ms for `local`)",
+        confirm.as_secs_f64() * 1e3
+    );
     // Medians of separate contestants: under noise the difference can come out negative.
     let beyond = (up.as_secs_f64() - plan.as_secs_f64()) * 1e3;
     println!("- up median minus load + plan_up median (dial, Up RPC, converge, events): {beyond:.1} ms");

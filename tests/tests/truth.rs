@@ -179,7 +179,7 @@ async fn a_dry_run_changes_nothing_anywhere() {
             .collect();
         (contexts, std::fs::read(farm.home.join("state/kiln.db")).unwrap().len())
     };
-    let images = || docker::images_named(&reference(&dir, "web").split(':').next().unwrap().to_string());
+    let images = || docker::images_named(reference(&dir, "web").split(':').next().unwrap());
     let (before_state, before_images) = (state(), images());
     let store = kiln_coordinator::store::SqliteStore::open(farm.home.join("state/kiln.db")).unwrap();
     use kiln_coordinator::store::Store;

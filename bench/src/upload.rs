@@ -185,6 +185,7 @@ async fn kiln_upload(
 ) -> Result<Duration> {
     let coordinator = Coordinator::start(state, "kiln-bench-upload", nodelay).await?;
     let channel = kiln::connect::endpoint(&coordinator.url)?.connect().await.context("dialing the coordinator")?;
+    let channel = tonic::service::interceptor::InterceptedService::new(channel, kiln::connect::Bearer::new(None)?);
     let mut client = ContentStoreClient::new(channel);
     let missing = client.find_missing(FindMissingRequest { digests: vec![digest.to_string()] }).await?;
     if missing.into_inner().missing != [digest.to_string()] {
@@ -227,7 +228,16 @@ async fn sink_upload(
     );
     let channel = kiln::connect::endpoint(&url)?.connect().await.context("dialing the sink")?;
     let started = Instant::now();
-    let sent = kiln::upload::upload(ContentStoreClient::new(channel), digest.to_string(), source.clone(), None).await?;
+    let sent = kiln::upload::upload(
+        ContentStoreClient::new(tonic::service::interceptor::InterceptedService::new(
+            channel,
+            kiln::connect::Bearer::new(None)?,
+        )),
+        digest.to_string(),
+        source.clone(),
+        None,
+    )
+    .await?;
     let took = started.elapsed();
     let _ = stop.send(());
     server.await?.context("the sink server failed")?;

@@ -12,6 +12,7 @@
 //! - [`run`] — the agent's loop: connect, hello, execute tasks (`tasks`), reconnect on the ladder;
 //!   [`run_node`] is the same loop for a node agent.
 
+pub mod enroll;
 pub mod host;
 pub mod node;
 mod registry;

@@ -33,6 +33,9 @@ pub struct AgentConfig {
     /// Role node: the cluster this node belongs to, announced in the hello; a `nodes` target of
     /// that name delivers here. Empty for a host agent.
     pub cluster: String,
+    /// An enrolled agent's key, certificate and farm CA: every connection is mutual TLS with them
+    /// (`https://` coordinators). `None`: plaintext, to an embedded or `--dev` coordinator.
+    pub identity: Option<crate::enroll::Identity>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +56,12 @@ pub enum RunError {
     Refused { agent: String, url: String, why: String },
     #[error("agent {agent}: {url} is not a valid coordinator URL — use http://host:port")]
     BadUrl { agent: String, url: String },
+    #[error("agent {agent}: its enrolled identity is not usable — enroll again with `kiln-agent --join`")]
+    Identity {
+        agent: String,
+        #[source]
+        err: crate::enroll::EnrollError,
+    },
     #[error("agent {agent}: cannot create its scratch directory {dir}")]
     Scratch {
         agent: String,
@@ -121,13 +130,20 @@ async fn serve(
         err,
     })?;
     remove_leftovers(&config.scratch_dir);
-    let endpoint = Endpoint::from_shared(config.coordinator.clone())
+    let mut endpoint = Endpoint::from_shared(config.coordinator.clone())
         .map_err(|_| RunError::BadUrl { agent: config.agent_id.clone(), url: config.coordinator.clone() })?
         .connect_timeout(Duration::from_secs(5));
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(shutdown);
     let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
     let mut failing_since: Option<Instant> = None;
     loop {
+        // Read per session: a renewed certificate is used from the next connection on.
+        if let Some(identity) = &config.identity {
+            let tls = identity.tls().map_err(|err| RunError::Identity { agent: config.agent_id.clone(), err })?;
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|_| RunError::BadUrl { agent: config.agent_id.clone(), url: config.coordinator.clone() })?;
+        }
         match session(&config, &endpoint, served.clone(), &mut shutdown).await {
             Session::Stopped => return Ok(()),
             Session::Refused(why) => {
@@ -229,6 +245,14 @@ async fn session(
         Served::Node(_) => Vec::new(),
     };
     let _ = tx.send(hello(config, &served, host_stores.clone())).await;
+    if let Some(identity) = &config.identity {
+        match crate::enroll::renew_if_due(&config.coordinator, channel.clone(), identity, now_ms()).await {
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(agent = %config.agent_id, error = %kiln_core::error_chain(&err), "certificate renewal failed; retried at the next connection")
+            }
+        }
+    }
     let mut client = pb::agent_hub_client::AgentHubClient::new(channel.clone());
     let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
@@ -310,4 +334,8 @@ fn source_text(err: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     last
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

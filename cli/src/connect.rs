@@ -10,9 +10,88 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use kiln_core::retry::{retry_measured, Attempt, Clock, Ladder, LadderConfig};
-use tonic::transport::{Channel, Endpoint};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{ClientTlsConfig, Endpoint};
 
 use crate::error::CliError;
+
+/// A channel to a coordinator that carries the user's token on every call.
+pub type Channel = InterceptedService<tonic::transport::Channel, Bearer>;
+
+/// Adds `authorization: Bearer <token>` to every call, when there is a token.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token itself.
+        f.write_str(if self.0.is_some() { "Bearer(…)" } else { "Bearer(none)" })
+    }
+}
+
+impl Bearer {
+    pub fn new(token: Option<&str>) -> Result<Bearer, CliError> {
+        let value = token
+            .map(|t| {
+                format!("Bearer {}", t.trim())
+                    .parse()
+                    .map_err(|_| CliError::BadToken { why: "it holds characters no header may carry".to_string() })
+            })
+            .transpose()?;
+        Ok(Bearer(value))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// How the CLI proves itself to a served coordinator: whose CA to trust, and the user's token.
+#[derive(Clone, Debug, Default)]
+pub struct Credentials {
+    /// PEM of the CA the coordinator's certificate must chain to; `None`: the system's roots.
+    pub ca_pem: Option<String>,
+    pub token: Option<String>,
+}
+
+impl Credentials {
+    /// From `--ca FILE` (or `KILN_CA`) and the token in `KILN_TOKEN`, `--token-file`, or
+    /// `~/.config/kiln/token`, in that order. A token file readable by others is refused, as ssh
+    /// refuses such a key: a token is a password.
+    pub fn load(ca: Option<&std::path::Path>, token_file: Option<&std::path::Path>) -> Result<Credentials, CliError> {
+        let ca_pem = ca
+            .map(|path| {
+                std::fs::read_to_string(path).map_err(|err| CliError::Credentials { path: path.to_owned(), err })
+            })
+            .transpose()?;
+        if let Some(token) = std::env::var("KILN_TOKEN").ok().filter(|t| !t.trim().is_empty()) {
+            return Ok(Credentials { ca_pem, token: Some(token.trim().to_string()) });
+        }
+        let default = std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".config/kiln/token"));
+        let (path, explicit) = match (token_file, default) {
+            (Some(path), _) => (path.to_owned(), true),
+            (None, Some(path)) => (path, false),
+            (None, None) => return Ok(Credentials { ca_pem, token: None }),
+        };
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(_) if !explicit => return Ok(Credentials { ca_pem, token: None }),
+            Err(err) => return Err(CliError::Credentials { path, err }),
+        };
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(CliError::TokenFileOpen { path, mode });
+        }
+        let token = std::fs::read_to_string(&path).map_err(|err| CliError::Credentials { path: path.clone(), err })?;
+        Ok(Credentials { ca_pem, token: Some(token.trim().to_string()).filter(|t| !t.is_empty()) })
+    }
+}
 
 /// A connected coordinator: its address (for messages) and a channel to it.
 #[derive(Clone, Debug)]
@@ -30,19 +109,33 @@ pub struct Link {
 /// packets becomes a retry (and, at the window's end, a message) instead of the kernel's 2 minutes.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Parses `url` into an endpoint with Kiln's timeouts; a malformed one is a usage error.
+/// Parses `url` into an endpoint with Kiln's timeouts; a malformed one is a usage error. An
+/// `https://` URL speaks TLS, trusting `ca_pem` (else the system's roots).
 pub fn endpoint(url: &str) -> Result<Endpoint, CliError> {
+    endpoint_with(url, None)
+}
+
+pub fn endpoint_with(url: &str, ca_pem: Option<&str>) -> Result<Endpoint, CliError> {
     let bad = |why: &str| CliError::BadUrl { url: url.to_string(), why: why.to_string() };
-    let rest = match url.split_once("://") {
-        Some(("http", rest)) => rest,
-        Some(("https", _)) => return Err(bad("https is not supported by this build — use http://host:port")),
-        _ => return Err(bad("write it as http://host:port, e.g. http://127.0.0.1:7070")),
+    let (tls, rest) = match url.split_once("://") {
+        Some(("http", rest)) => (false, rest),
+        Some(("https", rest)) => (true, rest),
+        _ => return Err(bad("write it as https://host:port (or http://host:port for a --dev coordinator)")),
     };
     if rest.is_empty() || rest.starts_with('/') {
-        return Err(bad("it names no host — write it as http://host:port"));
+        return Err(bad("it names no host — write it as https://host:port"));
     }
-    let endpoint = Endpoint::from_shared(url.to_string())
-        .map_err(|_| bad("it is not a URL — write it as http://host:port"))?
+    let mut endpoint =
+        Endpoint::from_shared(url.to_string()).map_err(|_| bad("it is not a URL — write it as https://host:port"))?;
+    if tls {
+        let config = match ca_pem {
+            Some(pem) => ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+            None => ClientTlsConfig::new().with_native_roots(),
+        };
+        endpoint =
+            endpoint.tls_config(config).map_err(|err| bad(&format!("its TLS settings are not usable: {err}")))?;
+    }
+    let endpoint = endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         // A converge can stream silence for minutes during a long build step; keepalives let a dead
         // coordinator be noticed without cutting a quiet one off.
@@ -58,13 +151,45 @@ pub fn endpoint(url: &str) -> Result<Endpoint, CliError> {
 
 /// Connects to `url`, retrying refused or failed connections on the ladder for `window`.
 pub async fn dial(url: &str, window: Duration) -> Result<Link, CliError> {
-    let endpoint = endpoint(url)?;
+    dial_with(url, window, &Credentials::default()).await
+}
+
+/// [`dial`] with credentials: the CA to trust, and the token every call carries.
+pub async fn dial_with(url: &str, window: Duration, credentials: &Credentials) -> Result<Link, CliError> {
+    let endpoint = endpoint_with(url, credentials.ca_pem.as_deref())?;
+    let bearer = Bearer::new(credentials.token.as_deref())?;
     let channel = on_ladder("kiln.connect", url, window, || {
         let endpoint = endpoint.clone();
-        async move { endpoint.connect().await.map_err(|err| Attempt::Retry(reason(&err))) }
+        async move {
+            endpoint.connect().await.map_err(|err| {
+                let why = reason(&err);
+                // A plaintext client meeting a TLS server (or the other way round) is not a
+                // transient failure: say what it is instead of retrying it for the whole window.
+                if looks_like_tls_mismatch(&why) {
+                    Attempt::Fatal(why)
+                } else {
+                    Attempt::Retry(why)
+                }
+            })
+        }
     })
-    .await?;
+    .await
+    .map_err(|err| match err {
+        CliError::Unreachable { at, reason } if looks_like_tls_mismatch(&reason) => {
+            CliError::TlsMismatch { at, reason }
+        }
+        other => other,
+    })?;
+    let channel = InterceptedService::new(channel, bearer);
     Ok(Link { url: url.to_string(), at: format!("the coordinator at {url}"), channel, window })
+}
+
+/// Whether a connection failure reads as TLS on one side and plaintext (or another CA) on the other.
+fn looks_like_tls_mismatch(why: &str) -> bool {
+    let why = why.to_ascii_lowercase();
+    ["invalid peer certificate", "unknownissuer", "corrupt message", "invalidcontenttype", "received corrupt", "tls"]
+        .iter()
+        .any(|needle| why.contains(needle))
 }
 
 /// Runs `op` on the retry ladder; prints ADR-0042's routability line when retrying cost something,

@@ -84,6 +84,7 @@ impl Embedded {
                 agent_id: embedded.site.agent_id(),
                 scratch_dir: embedded.site.scratch_dir(),
                 cluster: String::new(),
+                identity: None,
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
                 let _ = stopped.await;
@@ -102,7 +103,10 @@ impl Embedded {
     }
 
     async fn until_ready(&mut self, window: Duration) -> Result<Link, CliError> {
-        let channel = connect::endpoint(&self.url)?.connect_lazy();
+        let channel = tonic::service::interceptor::InterceptedService::new(
+            connect::endpoint(&self.url)?.connect_lazy(),
+            connect::Bearer::new(None)?,
+        );
         let link = Link { url: self.url.clone(), at: self.site.describe(), channel, window };
         let mut client = KilnClient::new(link.channel.clone());
         let agent_id = self.site.agent_id();
@@ -212,7 +216,7 @@ where
     Fut: Future<Output = Result<T, CliError>>,
 {
     match &connect.coordinator {
-        Some(url) => command(connect::dial(url, connect.retry_window).await?).await,
+        Some(url) => command(connect::dial_with(url, connect.retry_window, &connect.credentials()?).await?).await,
         None => {
             let site = EmbeddedSite::prepare(connect.kiln_home.as_deref())?;
             let lock = lock_home(&site).await?;

@@ -54,6 +54,18 @@ pub enum CliError {
     DockerfileChanged { image: String, path: PathBuf },
     #[error("coordinator address {url:?} is not usable: {why}")]
     BadUrl { url: String, why: String },
+    #[error("the token is not usable: {why}")]
+    BadToken { why: String },
+    #[error("cannot read {path}")]
+    Credentials {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("token file {path} is readable by others (mode {mode:o}) — a token is a password: chmod 600 {path}")]
+    TokenFileOpen { path: PathBuf, mode: u32 },
+    #[error("cannot speak TLS with {at}: {reason} — an https:// URL needs a coordinator serving TLS and --ca (or KILN_CA) naming its farm's CA; a --dev coordinator is http://")]
+    TlsMismatch { at: String, reason: String },
     /// `at` names the coordinator (`the coordinator at http://…`, or the embedded one by its
     /// home); `reason` is the OS's word for it (`connection refused`), never the transport's wrapper.
     #[error("cannot reach {at}: {reason}")]
@@ -126,10 +138,14 @@ impl CliError {
             | CliError::ContentTag { .. }
             | CliError::DockerfileChanged { .. }
             | CliError::BadUrl { .. }
+            | CliError::BadToken { .. }
+            | CliError::Credentials { .. }
+            | CliError::TokenFileOpen { .. }
             | CliError::NoHome => Exit::Usage,
             // The coordinator judged the request itself malformed: the user's input, not the converge.
             CliError::Refused { code: tonic::Code::InvalidArgument, .. } => Exit::Usage,
             CliError::Unreachable { .. }
+            | CliError::TlsMismatch { .. }
             | CliError::WentAway { .. }
             | CliError::CoordinatorDown { .. }
             | CliError::CoordinatorStopped { .. }

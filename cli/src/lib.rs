@@ -59,12 +59,23 @@ pub struct Connect {
     pub kiln_home: Option<PathBuf>,
     /// How long transport failures are retried before the command fails with exit code 3.
     pub retry_window: Duration,
+    /// `--ca FILE` / `KILN_CA`: the CA a served coordinator's certificate must chain to.
+    pub ca: Option<PathBuf>,
+    /// `--token-file FILE`: where the user's token is, when not in `KILN_TOKEN` or
+    /// `~/.config/kiln/token`.
+    pub token_file: Option<PathBuf>,
 }
 
 impl Default for Connect {
     /// The embedded coordinator in `$KILN_HOME`, retrying for DESIGN.md's 90 s window.
     fn default() -> Connect {
-        Connect { coordinator: None, kiln_home: None, retry_window: kiln_core::retry::LadderConfig::DEFAULT_WINDOW }
+        Connect {
+            coordinator: None,
+            kiln_home: None,
+            retry_window: kiln_core::retry::LadderConfig::DEFAULT_WINDOW,
+            ca: None,
+            token_file: None,
+        }
     }
 }
 
@@ -72,6 +83,11 @@ impl Connect {
     /// The coordinator at `url`.
     pub fn remote(url: impl Into<String>) -> Connect {
         Connect { coordinator: Some(url.into()), ..Connect::default() }
+    }
+
+    /// The CA to trust and the token to carry, for a served coordinator.
+    pub fn credentials(&self) -> Result<connect::Credentials, CliError> {
+        connect::Credentials::load(self.ca.as_deref(), self.token_file.as_deref())
     }
 
     /// The embedded coordinator with its state in `home`.

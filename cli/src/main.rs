@@ -55,6 +55,14 @@ struct Remote {
         alias = "retry-window"
     )]
     connect_timeout: u64,
+    /// The CA (PEM) a served coordinator's certificate must chain to (its `tls/ca.pem`); without
+    /// it, the system's roots.
+    #[arg(long, global = true, env = "KILN_CA", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// The file holding your token (mode 0600), when it is not in KILN_TOKEN or
+    /// ~/.config/kiln/token.
+    #[arg(long, global = true, value_name = "FILE")]
+    token_file: Option<PathBuf>,
 }
 
 impl Remote {
@@ -63,6 +71,8 @@ impl Remote {
             coordinator: self.coordinator.clone().filter(|url| !url.is_empty()),
             kiln_home: None,
             retry_window: Duration::from_secs(self.connect_timeout),
+            ca: self.ca.clone(),
+            token_file: self.token_file.clone(),
         }
     }
 

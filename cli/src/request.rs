@@ -145,6 +145,7 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
         force,
         requested_by: requested_by.to_string(),
         dry_run: false,
+        team: manifest.team.clone().unwrap_or_default(),
     };
     Ok(UpPlan { request, contexts })
 }

@@ -15,13 +15,13 @@ use std::io::{self, Write};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::connect::Channel;
 use kiln_core::archive::{self, ArchiveError, Packed};
 use kiln_core::digest::{walk_tree, DigestError, TreeDigest};
 use kiln_proto::v1::content_store_client::ContentStoreClient;
 use kiln_proto::v1::UploadChunk;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
-use tonic::transport::Channel;
 
 use crate::request::ContextSource;
 

@@ -5,10 +5,11 @@
 
 use crate::engine::{now_ms, Engine, Failure};
 use crate::events::{to_pb, Events};
-use crate::model::{ConvergeId, ConvergeState, EventKind};
+use crate::model::{ConvergeId, ConvergeState, EventKind, Owner};
 use crate::plan::UpPlan;
 use crate::store::StoreError;
 use crate::sweep::{sweep, SweepError, SweepOptions};
+use crate::trust::{Peer, Principal, Role};
 use kiln_core::refs::ImageRef;
 use kiln_proto::v1 as pb;
 use std::sync::Arc;
@@ -21,6 +22,58 @@ use tonic::{Request, Response, Status};
 #[derive(Debug, Clone)]
 pub struct KilnService {
     pub engine: Arc<Engine>,
+}
+
+/// Who asked, for records and events: the verified identity; only the embedded principal (one
+/// user, in-process, or `--dev`) is taken at its word, since there is no one else it could be.
+fn requester(principal: &Principal, claimed: &str) -> String {
+    match principal {
+        Principal::Embedded if !claimed.is_empty() => claimed.to_string(),
+        other => other.actor(),
+    }
+}
+
+/// Whether `principal` may converge or take down an instance owned by `owner`; the refusal names
+/// the owner.
+fn may_own(principal: &Principal, instance: &str, owner: &Owner) -> Result<(), Status> {
+    let allowed = match principal {
+        Principal::Embedded => true,
+        Principal::User { role: Role::Admin, .. } => true,
+        Principal::User { name, team, .. } => match &owner.team {
+            Some(owning) => team.as_deref() == Some(owning.as_str()),
+            None => *name == owner.user,
+        },
+        _ => false,
+    };
+    if allowed {
+        return Ok(());
+    }
+    Err(Status::permission_denied(format!(
+        "instance {instance} is owned by {owner}; {} may not change it — ask its owner or an admin",
+        principal.actor()
+    )))
+}
+
+/// Writes one line of the audit log; a failure to write is logged, never the call's failure.
+pub(crate) async fn audit(
+    engine: &Engine,
+    actor: String,
+    action: &str,
+    target: &str,
+    address: String,
+    outcome: String,
+) {
+    let entry = crate::model::AuditRow {
+        at_ms: now_ms(),
+        actor,
+        action: action.to_string(),
+        target: target.to_string(),
+        address,
+        outcome,
+    };
+    if let Err(err) = engine.store.append_audit(entry).await {
+        tracing::warn!(error = %err, "audit entry not written");
+    }
 }
 
 /// Refuses a call that would change something on a read-only coordinator.
@@ -54,8 +107,14 @@ type JobResult = Result<(String, u64), Failure>;
 /// Runs `job` as the converge `id`: its events persisted and streamed to `live`, `Started` first
 /// (its message naming the job — `gc`, `down` — or empty for an up) and `Finished` last, the
 /// converge marked succeeded or failed. The job runs to its end even if the client goes away.
-fn spawn_job<F, Fut>(engine: Arc<Engine>, id: ConvergeId, live: crate::events::Live, started: String, job: F)
-where
+fn spawn_job<F, Fut>(
+    engine: Arc<Engine>,
+    id: ConvergeId,
+    live: crate::events::Live,
+    started: String,
+    audited: Audited,
+    job: F,
+) where
     F: FnOnce(Arc<Engine>, ConvergeId, Events) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = JobResult> + Send + 'static,
 {
@@ -76,10 +135,31 @@ where
         };
         drop(events);
         let _ = writer.await;
+        let outcome = match &state {
+            ConvergeState::Failed { reason } => format!("failed: {reason}"),
+            _ => "ok".to_string(),
+        };
+        audit(
+            &engine,
+            audited.actor,
+            audited.action,
+            &audited.target,
+            audited.address,
+            format!("{outcome} (converge {id})"),
+        )
+        .await;
         if let Err(err) = engine.store.finish_converge(&id, state).await {
             tracing::warn!(converge = %id, error = %err, "converge not marked finished");
         }
     });
+}
+
+/// What the audit log says of a job once it ends.
+struct Audited {
+    actor: String,
+    action: &'static str,
+    target: String,
+    address: String,
 }
 
 /// `kiln up --dry-run`: decides like a converge and streams what it would do, under an id no
@@ -136,44 +216,95 @@ fn pins_reply(changed: bool, pins: Vec<crate::model::Pin>) -> pb::PinsReply {
     pb::PinsReply { changed, pins }
 }
 
+impl KilnService {
+    /// The instance's owner must be the caller (or the caller's team); a first converge makes the
+    /// caller's team — as the manifest names it — or the caller the owner. A dry run checks
+    /// without claiming.
+    async fn owned_by_caller(&self, principal: &Principal, plan: &UpPlan, address: &str) -> Result<(), Status> {
+        let Principal::User { name, team, .. } = principal else { return Ok(()) };
+        let wanted_team = plan.team.clone();
+        if let Some(t) = &wanted_team {
+            if team.as_deref() != Some(t.as_str()) && !principal.is_admin() {
+                return Err(Status::permission_denied(format!(
+                    "instance {} names team {t} in its manifest, but {} is not in it",
+                    plan.instance,
+                    principal.actor()
+                )));
+            }
+        }
+        let claim = Owner { team: wanted_team, user: name.clone() };
+        let owner = match plan.dry_run {
+            true => self.engine.store.owner(&plan.instance).await.map_err(store_status)?.unwrap_or(claim),
+            false => self.engine.store.own(&plan.instance, claim).await.map_err(store_status)?,
+        };
+        if let Err(refused) = may_own(principal, &plan.instance, &owner) {
+            audit(
+                &self.engine,
+                principal.actor(),
+                "up",
+                &plan.instance,
+                address.to_string(),
+                format!("refused: {}", refused.message()),
+            )
+            .await;
+            return Err(refused);
+        }
+        Ok(())
+    }
+}
+
 #[tonic::async_trait]
 impl pb::kiln_server::Kiln for KilnService {
     type UpStream = EventStream;
 
     async fn up(&self, request: Request<pb::UpRequest>) -> Result<Response<EventStream>, Status> {
-        let plan = UpPlan::try_from(request.into_inner())?;
+        let (principal, address) = (Principal::of(&request), Peer::of(&request));
+        let mut plan = UpPlan::try_from(request.into_inner())?;
+        plan.requested_by = requester(&principal, &plan.requested_by);
         if !plan.dry_run {
             writable(&self.engine, "Up")?;
         }
+        self.owned_by_caller(&principal, &plan, &address).await?;
         if plan.dry_run {
             return Ok(Response::new(dry_run(self.engine.clone(), plan)));
         }
         let converge =
             self.engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
-        spawn_job(self.engine.clone(), converge.id, live, String::new(), move |engine, id, events| async move {
-            let mut result = engine.up(&id, &plan, &events).await;
-            if let Ok(done) = result {
-                result = crate::kube::published(&engine.config, &plan, done.generation, &events).await.map(|()| done);
-            }
-            // Swept while the claims still hold: this converge's refs are roots until released,
-            // and are named as kept besides. A failed converge sweeps nothing, and neither does
-            // one that changed nothing: a no-op converge costs a walk and one RPC, no Docker call.
-            if result.as_ref().is_ok_and(|done| done.changed) {
-                let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
-                let options = SweepOptions { keep, ..SweepOptions::default() };
-                if let Err(err) = sweep(&engine, &id, &options, &events).await {
-                    events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
+        let audited = Audited { actor: principal.actor(), action: "up", target: plan.instance.clone(), address };
+        spawn_job(
+            self.engine.clone(),
+            converge.id,
+            live,
+            String::new(),
+            audited,
+            move |engine, id, events| async move {
+                let mut result = engine.up(&id, &plan, &events).await;
+                if let Ok(done) = result {
+                    result =
+                        crate::kube::published(&engine.config, &plan, done.generation, &events).await.map(|()| done);
                 }
-            }
-            if let Err(err) = engine.store.release_claims(&id).await {
-                tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
-            }
-            result.map(|done| match done.changed {
-                true => (format!("{} at generation {}", plan.instance, done.generation), done.generation),
-                false => (format!("{} unchanged at generation {}", plan.instance, done.generation), done.generation),
-            })
-        });
+                // Swept while the claims still hold: this converge's refs are roots until released,
+                // and are named as kept besides. A failed converge sweeps nothing, and neither does
+                // one that changed nothing: a no-op converge costs a walk and one RPC, no Docker call.
+                if result.as_ref().is_ok_and(|done| done.changed) {
+                    let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
+                    let options = SweepOptions { keep, ..SweepOptions::default() };
+                    if let Err(err) = sweep(&engine, &id, &options, &events).await {
+                        events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
+                    }
+                }
+                if let Err(err) = engine.store.release_claims(&id).await {
+                    tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
+                }
+                result.map(|done| match done.changed {
+                    true => (format!("{} at generation {}", plan.instance, done.generation), done.generation),
+                    false => {
+                        (format!("{} unchanged at generation {}", plan.instance, done.generation), done.generation)
+                    }
+                })
+            },
+        );
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 
@@ -181,15 +312,32 @@ impl pb::kiln_server::Kiln for KilnService {
 
     async fn down(&self, request: Request<pb::DownRequest>) -> Result<Response<EventStream>, Status> {
         writable(&self.engine, "Down")?;
+        let (principal, address) = (Principal::of(&request), Peer::of(&request));
         let req = request.into_inner();
         if req.instance.is_empty() {
             return Err(Status::invalid_argument("DownRequest.instance is empty — name the instance to take down"));
         }
+        if let Some(owner) = self.engine.store.owner(&req.instance).await.map_err(store_status)? {
+            if let Err(refused) = may_own(&principal, &req.instance, &owner) {
+                audit(
+                    &self.engine,
+                    principal.actor(),
+                    "down",
+                    &req.instance,
+                    address,
+                    format!("refused: {}", refused.message()),
+                )
+                .await;
+                return Err(refused);
+            }
+        }
+        let requested_by = requester(&principal, &req.requested_by);
         // A converge of the instance: refused while one runs, so down never races an up of it.
-        let converge = self.engine.store.open_converge(&req.instance, &req.requested_by).await.map_err(store_status)?;
+        let converge = self.engine.store.open_converge(&req.instance, &requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
         let job = format!("down {}", req.instance);
-        spawn_job(self.engine.clone(), converge.id, live, job, move |engine, id, events| async move {
+        let audited = Audited { actor: principal.actor(), action: "down", target: req.instance.clone(), address };
+        spawn_job(self.engine.clone(), converge.id, live, job, audited, move |engine, id, events| async move {
             let instance = req.instance;
             match engine.store.delete_record(&instance).await {
                 Ok(true) => events.emit(EventKind::RecordDeleted { instance: instance.clone() }, None, ""),
@@ -209,8 +357,10 @@ impl pb::kiln_server::Kiln for KilnService {
 
     async fn gc(&self, request: Request<pb::GcRequest>) -> Result<Response<EventStream>, Status> {
         writable(&self.engine, "Gc")?;
+        let (principal, address) = (Principal::of(&request), Peer::of(&request));
         let req = request.into_inner();
-        let converge = self.engine.store.open_converge(GC_INSTANCE, &req.requested_by).await.map_err(store_status)?;
+        let requested_by = requester(&principal, &req.requested_by);
+        let converge = self.engine.store.open_converge(GC_INSTANCE, &requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
         let mut job = "gc".to_string();
         if req.dry_run {
@@ -219,7 +369,8 @@ impl pb::kiln_server::Kiln for KilnService {
         if !req.instance.is_empty() {
             job.push_str(&format!(" --instance {}", req.instance));
         }
-        spawn_job(self.engine.clone(), converge.id, live, job, move |engine, id, events| async move {
+        let audited = Audited { actor: principal.actor(), action: "gc", target: job.clone(), address };
+        spawn_job(self.engine.clone(), converge.id, live, job, audited, move |engine, id, events| async move {
             let options = SweepOptions {
                 dry_run: req.dry_run,
                 only_instance: Some(req.instance).filter(|i| !i.is_empty()),
@@ -246,18 +397,22 @@ impl pb::kiln_server::Kiln for KilnService {
 
     async fn pin(&self, request: Request<pb::PinRequest>) -> Result<Response<pb::PinsReply>, Status> {
         writable(&self.engine, "Pin")?;
+        let (principal, address) = (Principal::of(&request), Peer::of(&request));
         let req = request.into_inner();
         let reference = pin_spelling(&req.reference)?;
         let store = &self.engine.store;
-        let changed = store.pin(&reference, &req.requested_by).await.map_err(store_status)?;
+        let changed = store.pin(&reference, &requester(&principal, &req.requested_by)).await.map_err(store_status)?;
+        audit(&self.engine, principal.actor(), "pin", &reference, address, "ok".into()).await;
         Ok(Response::new(pins_reply(changed, store.pins().await.map_err(store_status)?)))
     }
 
     async fn unpin(&self, request: Request<pb::PinRequest>) -> Result<Response<pb::PinsReply>, Status> {
         writable(&self.engine, "Unpin")?;
+        let (principal, address) = (Principal::of(&request), Peer::of(&request));
         let reference = pin_spelling(&request.into_inner().reference)?;
         let store = &self.engine.store;
         let changed = store.unpin(&reference).await.map_err(store_status)?;
+        audit(&self.engine, principal.actor(), "unpin", &reference, address, "ok".into()).await;
         Ok(Response::new(pins_reply(changed, store.pins().await.map_err(store_status)?)))
     }
 
@@ -390,6 +545,37 @@ impl pb::kiln_server::Kiln for KilnService {
             stores.push(pb::StoreImages { store, agent, images, error });
         }
         Ok(Response::new(pb::ImagesReply { stores, farm }))
+    }
+
+    async fn audit(&self, request: Request<pb::AuditRequest>) -> Result<Response<pb::AuditReply>, Status> {
+        let principal = Principal::of(&request);
+        // An admin reads every entry; anyone else only their own.
+        let actor = (!principal.is_admin()).then(|| principal.actor());
+        let since = request.into_inner().since_ms;
+        let rows = self.engine.store.audit(since, actor.as_deref()).await.map_err(store_status)?;
+        let entries = rows
+            .into_iter()
+            .map(|r| pb::AuditEntry {
+                at_ms: r.at_ms,
+                actor: r.actor,
+                action: r.action,
+                target: r.target,
+                address: r.address,
+                outcome: r.outcome,
+            })
+            .collect();
+        Ok(Response::new(pb::AuditReply { entries }))
+    }
+
+    async fn who_am_i(&self, request: Request<pb::WhoAmIRequest>) -> Result<Response<pb::WhoAmIReply>, Status> {
+        let principal = Principal::of(&request);
+        let (role, team) = match &principal {
+            Principal::User { role, team, .. } => (role.name().to_string(), team.clone().unwrap_or_default()),
+            Principal::Embedded => ("admin".to_string(), String::new()),
+            Principal::Agent { .. } => ("agent".to_string(), String::new()),
+            Principal::Anonymous => (String::new(), String::new()),
+        };
+        Ok(Response::new(pb::WhoAmIReply { actor: principal.actor(), role, team }))
     }
 
     async fn agents(&self, _request: Request<pb::AgentsRequest>) -> Result<Response<pb::AgentsReply>, Status> {

@@ -23,7 +23,7 @@ const CHUNK: usize = 1 << 20;
 /// The context files and their index.
 pub struct Contexts {
     dir: PathBuf,
-    store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn Store>,
     arrived: Notify,
     /// Held while a context is collected and while an upload lands, so an upload that arrives
     /// just after its row was collected is never deleted with the old file.
@@ -217,6 +217,54 @@ impl Read for ChannelReader {
 #[derive(Debug, Clone)]
 pub struct ContentService {
     pub contexts: Arc<Contexts>,
+    /// Who runs which build now: a context goes only to an agent building it.
+    pub hub: Arc<crate::hub::Hub>,
+}
+
+impl ContentService {
+    /// A context's bytes are someone's source: they go to the host agent building it, and to the
+    /// users whose team owns an instance whose record names it (or who own one themselves).
+    async fn may_download(&self, principal: &crate::trust::Principal, digest: &str) -> Result<(), Status> {
+        use crate::trust::Principal;
+        let allowed = match principal {
+            Principal::Embedded => true,
+            Principal::User { role: crate::trust::Role::Admin, .. } => true,
+            Principal::Agent { id, .. } => self.hub.agent(id).is_some_and(|a| a.builds(digest)),
+            Principal::User { name, team, .. } => {
+                let store = &self.contexts.store;
+                let records = store.records().await.map_err(|e| Status::unavailable(kiln_core::error_chain(&e)))?;
+                let mut owned = false;
+                for (current, previous) in &records {
+                    let names = std::iter::once(current)
+                        .chain(previous.as_ref())
+                        .flat_map(|r| &r.images)
+                        .any(|i| i.context.as_deref() == Some(digest));
+                    if !names {
+                        continue;
+                    }
+                    if let Some(owner) = store
+                        .owner(&current.instance)
+                        .await
+                        .map_err(|e| Status::unavailable(kiln_core::error_chain(&e)))?
+                    {
+                        owned |= match &owner.team {
+                            Some(t) => team.as_deref() == Some(t.as_str()),
+                            None => owner.user == *name,
+                        };
+                    }
+                }
+                owned
+            }
+            Principal::Anonymous => false,
+        };
+        if allowed {
+            return Ok(());
+        }
+        Err(Status::permission_denied(format!(
+            "{} may not download context {digest}: contexts go to the host agent building them and to their instances' owners",
+            principal.actor()
+        )))
+    }
 }
 
 #[tonic::async_trait]
@@ -243,9 +291,11 @@ impl pb::content_store_server::ContentStore for ContentService {
     type DownloadStream = ReceiverStream<Result<pb::DownloadChunk, Status>>;
 
     async fn download(&self, request: Request<pb::DownloadRequest>) -> Result<Response<Self::DownloadStream>, Status> {
+        let principal = crate::trust::Principal::of(&request);
         let want = request.into_inner().digest;
         let digest: TreeDigest =
             want.parse().map_err(|e: kiln_core::digest::DigestParseError| Status::invalid_argument(e.to_string()))?;
+        self.may_download(&principal, &want).await?;
         let path = self.contexts.path(&digest);
         let mut file = tokio::fs::File::open(&path).await.map_err(|_| {
             Status::not_found(format!("context {digest} is not stored — re-run `kiln up` to upload it"))

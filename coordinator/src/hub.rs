@@ -16,6 +16,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::trust::Principal;
+
 /// The coordinator's version; agents of the same major version are accepted.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -51,6 +53,12 @@ pub struct AgentConn {
     pending: Mutex<HashMap<String, Pending>>,
     last_seen_ms: AtomicU64,
     next_task: AtomicU64,
+    /// Woken when a newer stream of the same agent replaced this one.
+    closed: Notify,
+    /// Context digests of the build tasks this agent runs now: the contexts it may download.
+    building: Mutex<HashMap<String, usize>>,
+    /// A verified agent: when its certificate was issued (a revocation covers it when later).
+    issued_ms: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -99,6 +107,12 @@ impl AgentConn {
         mut on_progress: impl FnMut(pb::TaskProgress),
     ) -> Result<pb::task_result::Outcome, TaskFailure> {
         let task_id = format!("{}-{}", self.id, self.next_task.fetch_add(1, Ordering::Relaxed));
+        // A context goes only to a host agent running a build of it, for as long as it runs.
+        let context = match &kind {
+            pb::task::Kind::Build(b) => Some(b.context_digest.clone()),
+            _ => None,
+        };
+        let _building = context.map(|digest| Building::start(self, digest));
         let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
         let (done_tx, mut done_rx) = oneshot::channel();
         self.pending.lock().unwrap().insert(task_id.clone(), Pending { progress: progress_tx, done: done_tx });
@@ -127,6 +141,11 @@ impl AgentConn {
             Ok(pb::TaskResult { outcome: Some(outcome), .. }) => Ok(outcome),
             Ok(pb::TaskResult { outcome: None, .. }) => Err(TaskFailure::Empty { agent }),
         }
+    }
+
+    /// Whether the agent runs a build of the context `digest` now.
+    pub fn builds(&self, digest: &str) -> bool {
+        self.building.lock().unwrap().get(digest).is_some_and(|n| *n > 0)
     }
 
     fn deliver(&self, msg: pb::agent_message::Body) {
@@ -172,8 +191,15 @@ impl Hub {
     }
 
     fn register(&self, conn: Arc<AgentConn>) {
-        // A reconnecting agent replaces its old stream; the old one's tasks fail as lost.
-        self.agents.lock().unwrap().insert(conn.id.clone(), conn);
+        // A reconnecting agent replaces its old stream. The old one is told and closed — never
+        // left connected but unregistered — and its tasks fail as lost, to be run elsewhere.
+        let old = self.agents.lock().unwrap().insert(conn.id.clone(), conn.clone());
+        if let Some(old) = old.filter(|old| !Arc::ptr_eq(old, &conn)) {
+            let why = format!("agent {} connected again; this older stream is closed", old.id);
+            let _ = old.tx.try_send(Err(Status::aborted(why)));
+            old.closed.notify_one();
+            old.pending.lock().unwrap().clear();
+        }
         self.changed.notify_waiters();
     }
 
@@ -186,6 +212,73 @@ impl Hub {
         // Dropping the senders fails every waiting task with `Lost`.
         conn.pending.lock().unwrap().clear();
         self.changed.notify_waiters();
+    }
+}
+
+/// One build of a context on an agent, counted while it runs.
+struct Building<'a> {
+    conn: &'a AgentConn,
+    digest: String,
+}
+
+impl<'a> Building<'a> {
+    fn start(conn: &'a AgentConn, digest: String) -> Building<'a> {
+        *conn.building.lock().unwrap().entry(digest.clone()).or_default() += 1;
+        Building { conn, digest }
+    }
+}
+
+impl Drop for Building<'_> {
+    fn drop(&mut self) {
+        let mut building = self.conn.building.lock().unwrap();
+        if let Some(n) = building.get_mut(&self.digest) {
+            *n -= 1;
+            if *n == 0 {
+                building.remove(&self.digest);
+            }
+        }
+    }
+}
+
+/// The stores a verified agent may announce: its own (every store id ends `@<agent id>`), and a
+/// node agent no host store. Anything else is dropped: an agent cannot be handed another's tasks
+/// by naming its store.
+fn own_stores(principal: &Principal, stores: Vec<pb::StoreInfo>) -> Vec<pb::StoreInfo> {
+    let Principal::Agent { id, role, .. } = principal else { return stores };
+    let suffix = format!("@{id}");
+    stores
+        .into_iter()
+        .filter(|s| {
+            let ours = s.id.ends_with(&suffix);
+            let host_store = matches!(s.kind(), pb::store_info::Kind::Host | pb::store_info::Kind::Unspecified);
+            let allowed = ours && !(*role == AgentRole::Node && host_store);
+            if !allowed {
+                tracing::warn!(agent = %id, store = %s.id, "an agent announced a store that is not its own; ignored");
+            }
+            allowed
+        })
+        .collect()
+}
+
+impl Hub {
+    /// A connected agent by id.
+    pub fn agent(&self, id: &str) -> Option<Arc<AgentConn>> {
+        self.agents.lock().unwrap().get(id).cloned()
+    }
+
+    /// Closes the stream of every connected agent whose certificate a revocation covers: it is
+    /// refused at its next connection too, by the guard.
+    pub fn drop_revoked(&self, revoked: &[(String, u64)]) {
+        let agents: Vec<Arc<AgentConn>> = self.agents.lock().unwrap().values().cloned().collect();
+        for conn in agents {
+            let Some(issued) = conn.issued_ms else { continue };
+            if revoked.iter().any(|(id, at)| *id == conn.id && issued <= *at) {
+                tracing::warn!(agent = %conn.id, "agent revoked; its stream is closed");
+                let _ = conn.tx.try_send(Err(Status::permission_denied(format!("agent {} was revoked", conn.id))));
+                conn.closed.notify_one();
+                conn.pending.lock().unwrap().clear();
+            }
+        }
     }
 }
 
@@ -211,8 +304,9 @@ impl pb::agent_hub_server::AgentHub for HubService {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
+        let principal = Principal::of(&request);
         let mut inbound = request.into_inner();
-        let hello = match inbound.message().await? {
+        let mut hello = match inbound.message().await? {
             Some(pb::AgentMessage { body: Some(pb::agent_message::Body::Hello(hello)) }) => hello,
             Some(_) => return Err(Status::invalid_argument("an agent's first message must be `hello`")),
             None => return Err(Status::invalid_argument("agent stream closed before `hello`")),
@@ -220,6 +314,22 @@ impl pb::agent_hub_server::AgentHub for HubService {
         if hello.agent_id.is_empty() {
             return Err(Status::invalid_argument("hello.agent_id is empty — every agent needs a stable id"));
         }
+        // A verified agent is who its certificate says: its id, role and cluster are the farm's.
+        if let Principal::Agent { id, role, cluster, .. } = &principal {
+            if hello.agent_id != *id {
+                return Err(Status::permission_denied(format!(
+                    "agent certificate names {id}, but its hello says {} — an agent id is bound to its certificate",
+                    hello.agent_id
+                )));
+            }
+            hello.role = match role {
+                AgentRole::Node => pb::Role::Node,
+                AgentRole::Host => pb::Role::Host,
+                AgentRole::Both => pb::Role::Both,
+            } as i32;
+            hello.cluster = cluster.clone();
+        }
+        hello.stores = own_stores(&principal, std::mem::take(&mut hello.stores));
         let (tx, rx) = mpsc::channel(64);
         let hub = self.hub.clone();
         let refused = (major(&hello.version) != major(VERSION)).then(|| {
@@ -256,6 +366,12 @@ impl pb::agent_hub_server::AgentHub for HubService {
             pending: Mutex::new(HashMap::new()),
             last_seen_ms: AtomicU64::new(now_ms()),
             next_task: AtomicU64::new(1),
+            closed: Notify::new(),
+            building: Mutex::new(HashMap::new()),
+            issued_ms: match &principal {
+                Principal::Agent { issued_ms, .. } => Some(*issued_ms),
+                _ => None,
+            },
         });
         if let Err(err) = hub.store.upsert_agent(conn.row()).await {
             tracing::warn!(agent = %conn.id, error = %err, "could not record agent");
@@ -265,7 +381,11 @@ impl pb::agent_hub_server::AgentHub for HubService {
         tokio::spawn(async move {
             let lease = hub.lease;
             loop {
-                match tokio::time::timeout(lease, inbound.message()).await {
+                let message = tokio::select! {
+                    message = tokio::time::timeout(lease, inbound.message()) => message,
+                    () = conn.closed.notified() => break,
+                };
+                match message {
                     Ok(Ok(Some(msg))) => {
                         conn.last_seen_ms.store(now_ms(), Ordering::Relaxed);
                         match msg.body {
@@ -273,7 +393,8 @@ impl pb::agent_hub_server::AgentHub for HubService {
                                 tracing::info!(agent = %conn.id, reason = %bye.reason, "agent going away");
                                 break;
                             }
-                            Some(pb::agent_message::Body::Stores(stores)) => {
+                            Some(pb::agent_message::Body::Stores(mut stores)) => {
+                                stores.stores = own_stores(&principal, stores.stores);
                                 let ids: Vec<&str> = stores.stores.iter().map(|s| s.id.as_str()).collect();
                                 tracing::info!(agent = %conn.id, stores = ?ids, "agent's stores changed");
                                 conn.deliver(pb::agent_message::Body::Stores(stores));

@@ -19,6 +19,7 @@
 pub mod kube;
 pub mod model;
 pub mod store;
+pub mod trust;
 
 mod api;
 mod contexts;
@@ -32,4 +33,4 @@ mod relay;
 mod server;
 mod sweep;
 
-pub use server::{serve, Config, ServeError};
+pub use server::{serve, Config, ServeError, ServerTls};

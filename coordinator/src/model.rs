@@ -392,6 +392,58 @@ pub enum EventKind {
     Unknown,
 }
 
+/// A user token as stored: only the hash of its secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenRow {
+    pub id: String,
+    pub hash: String,
+    pub user: String,
+    pub role: crate::trust::Role,
+    pub team: Option<String>,
+    pub created_ms: u64,
+    pub expires_ms: Option<u64>,
+    pub revoked_ms: Option<u64>,
+}
+
+/// A one-time join token for an agent, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinRow {
+    pub id: String,
+    pub hash: String,
+    pub role: AgentRole,
+    pub cluster: String,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+    pub used_ms: Option<u64>,
+}
+
+/// Who owns an instance: its manifest's team, else the user who first converged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub team: Option<String>,
+    pub user: String,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.team {
+            Some(team) => write!(f, "team {team}"),
+            None => write!(f, "{}", self.user),
+        }
+    }
+}
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRow {
+    pub at_ms: u64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub address: String,
+    pub outcome: String,
+}
+
 /// What a converge does with one built image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -67,6 +67,8 @@ pub struct UpPlan {
     pub requested_by: String,
     /// Plan only: say what would happen to each image and why; change nothing anywhere.
     pub dry_run: bool,
+    /// The team the manifest names as the instance's owner.
+    pub team: Option<String>,
 }
 
 fn missing(field: &str) -> Status {
@@ -145,6 +147,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             force: req.force,
             requested_by: req.requested_by,
             dry_run: req.dry_run,
+            team: Some(req.team).filter(|t| !t.is_empty()),
         })
     }
 }

@@ -30,6 +30,27 @@ pub struct Config {
     /// while an embedded `kiln up` runs): nothing is marked failed at start, no leftover is
     /// cleaned, and every call that would change something is refused.
     pub read_only: bool,
+    /// TLS and verified callers (DESIGN.md "Trust"). `None`: plaintext, and every caller is the
+    /// embedded principal — the in-process default, and `--dev` on loopback.
+    pub tls: Option<ServerTls>,
+}
+
+/// A served coordinator's TLS material: its certificate chain and key, the CA its agents'
+/// client certificates must chain to, and — when the farm's own CA key is here — the authority
+/// that enrolls agents (an operator's PKI may keep its CA key elsewhere: then agents get their
+/// certificates from it instead).
+#[derive(Clone)]
+pub struct ServerTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub client_ca_pem: String,
+    pub authority: Option<Arc<crate::trust::pki::Authority>>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").field("enrolls", &self.authority.is_some()).finish_non_exhaustive()
+    }
 }
 
 impl Config {
@@ -41,6 +62,7 @@ impl Config {
             agent_lease: Duration::from_secs(30),
             kubernetes: None,
             read_only: false,
+            tls: None,
         }
     }
 }
@@ -67,6 +89,8 @@ pub enum ServeError {
     },
     #[error("the gRPC server stopped")]
     Transport(#[source] tonic::transport::Error),
+    #[error("the TLS material is not usable")]
+    Tls(#[source] tonic::transport::Error),
 }
 
 /// Serves the coordinator's gRPC services on `listener` until `shutdown` resolves.
@@ -94,7 +118,28 @@ pub async fn serve(
     let contexts_dir = dir.join("contexts");
     let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only)
         .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?;
+    let verifier = Arc::new(crate::trust::Verifier::new(store.clone()));
+    let mode = if config.tls.is_some() { crate::trust::Mode::Verified } else { crate::trust::Mode::Open };
+    let guard = crate::trust::Guard { mode, verifier };
+    let enrollment = crate::trust::enroll::EnrollService {
+        store: store.clone(),
+        authority: config.tls.as_ref().and_then(|t| t.authority.clone()),
+    };
+    let tls = config.tls.clone();
     let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
+    if tls.is_some() {
+        // A revocation written by `kiln-coordinator agent revoke` (another process) drops the
+        // agent's live stream within a few seconds.
+        let (hub, store) = (hub.clone(), store.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Ok(revoked) = store.revoked_agents().await {
+                    hub.drop_revoked(&revoked);
+                }
+            }
+        });
+    }
     let relay_dir = dir.join("relay");
     let relay = Relay::open(relay_dir.clone()).map_err(|err| ServeError::Relay { dir: relay_dir, err })?;
     let engine =
@@ -104,14 +149,26 @@ pub async fn serve(
     // Windows larger than one 1 MiB upload chunk, so a context streams without stalling; frames up
     // to 1 MiB, so a chunk crosses in one frame instead of sixty-four (+17 % upload throughput).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        // Client certificates are optional at the handshake: users come with tokens, agents with
+        // certificates; the guard decides per call what each may do.
+        let config = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(tls.cert_pem, tls.key_pem))
+            .client_ca_root(tonic::transport::Certificate::from_pem(tls.client_ca_pem))
+            .client_auth_optional(true);
+        server = server.tls_config(config).map_err(ServeError::Tls)?;
+    }
+    server
+        .layer(guard)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20))
         .max_frame_size(Some(1 << 20))
         .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
-        .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts }))
+        .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts, hub: hub.clone() }))
         .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
         .add_service(pb::image_relay_server::ImageRelayServer::new(RelayService { relay }))
+        .add_service(pb::enrollment_server::EnrollmentServer::new(enrollment))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ServeError::Transport)

@@ -16,9 +16,26 @@ pub fn embedded_farm_id(user: &str, kiln_home: &std::path::Path) -> String {
     format!("home-{}", &h.finalize().to_hex()[..12])
 }
 
+/// The farm CA's fingerprint (`sha256:<64 hex>`) a join token (`kjoin_<id>_<secret>_<hex>`)
+/// carries: what a new agent trusts on its first connection, before it has a certificate.
+pub fn join_token_pin(token: &str) -> Option<String> {
+    let rest = token.trim().strip_prefix("kjoin_")?;
+    let (_, pin) = rest.rsplit_once('_')?;
+    (pin.len() == 64 && pin.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("sha256:{}", pin.to_ascii_lowercase()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::embedded_farm_id;
+
+    #[test]
+    fn a_join_token_names_the_ca_to_pin() {
+        let pin = "ab".repeat(32);
+        assert_eq!(super::join_token_pin(&format!("kjoin_0123456789ab_se_cr_et_{pin}")), Some(format!("sha256:{pin}")));
+        assert_eq!(super::join_token_pin(&format!("kiln_0123456789ab_x_{pin}")), None);
+        assert_eq!(super::join_token_pin("kjoin_x_y_short"), None);
+    }
     use std::path::Path;
 
     #[test]

@@ -234,6 +234,7 @@ impl Farm {
             agent_id: "e2e-agent".to_string(),
             scratch_dir: self.home.join("scratch"),
             cluster: String::new(),
+            identity: None,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -256,6 +257,7 @@ impl Farm {
             agent_id: agent_id.to_string(),
             scratch_dir: self.home.join("scratch").join(agent_id),
             cluster: cluster.to_string(),
+            identity: None,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

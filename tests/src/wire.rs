@@ -85,6 +85,7 @@ pub fn up_request(
         force,
         requested_by: "e2e".to_string(),
         dry_run: false,
+        team: manifest.team.clone().unwrap_or_default(),
     };
     (req, contexts)
 }

@@ -214,6 +214,7 @@ impl Farm {
             agent_id: "bench-agent".to_string(),
             scratch_dir: home.join("scratch"),
             cluster: String::new(),
+            identity: None,
         };
         let (agent_stop, stopped) = oneshot::channel::<()>();
         let host: Arc<dyn HostStore> = store.clone();

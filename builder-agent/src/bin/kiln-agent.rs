@@ -33,8 +33,16 @@ struct Args {
     #[arg(long, env = "KILN_CRI_ONLY")]
     cri_only: bool,
     /// Role node: the cluster this node belongs to; `kind = "nodes"`, `cluster = NAME` delivers here.
+    /// (An enrolled agent's cluster is the one its certificate names.)
     #[arg(long, env = "KILN_CLUSTER")]
     cluster: Option<String>,
+    /// Where the agent keeps its enrolled key, certificate and the farm's CA.
+    #[arg(long, env = "KILN_AGENT_STATE", default_value = "/var/lib/kiln-agent")]
+    state: PathBuf,
+    /// A one-time join token from `kiln-coordinator enroll`: exchanged at start for this agent's
+    /// certificate (kept in --state; later starts need no token).
+    #[arg(long, env = "KILN_JOIN")]
+    join: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,11 +69,23 @@ async fn main() -> anyhow::Result<()> {
             std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "agent".into())
         }
     };
+    let identity = kiln_agent::enroll::Identity::in_dir(&args.state);
+    let tls = args.coordinator.starts_with("https://");
+    if tls && !identity.exists() {
+        let Some(token) = &args.join else {
+            anyhow::bail!(
+                "no enrolled identity in {} — enroll this agent once with --join TOKEN (an admin's `kiln-coordinator enroll` prints one)",
+                args.state.display()
+            );
+        };
+        kiln_agent::enroll::join(&args.coordinator, token, &agent_id, &identity).await?;
+    }
     let config = kiln_agent::AgentConfig {
         coordinator: args.coordinator,
         agent_id,
         scratch_dir: args.scratch,
         cluster: args.cluster.unwrap_or_default(),
+        identity: tls.then_some(identity),
     };
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");

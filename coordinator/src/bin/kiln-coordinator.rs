@@ -1,28 +1,144 @@
-//! `kiln-coordinator`: a served coordinator for a farm (the CLI embeds the same `serve` by default).
+//! `kiln-coordinator`: a served coordinator for a farm (the CLI embeds the same `serve` by
+//! default), and the admin's commands on its state: `init` (the farm's CA and server certificate),
+//! `token` (users' bearer tokens), `enroll` (agents' join tokens), `agent revoke`, `audit`.
 //!
-//! Prints `listening on <addr>` once bound, so a supervisor or a test can bind port 0 and read
-//! where it landed.
+//! Serving prints `listening on <addr>` once bound, so a supervisor or a test can bind port 0 and
+//! read where it landed.
 
-use anyhow::Context;
-use clap::Parser;
-use std::path::PathBuf;
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use kiln_coordinator::model::{AgentRole, AuditRow, JoinRow, TokenRow};
+use kiln_coordinator::store::{SqliteStore, Store};
+use kiln_coordinator::trust::{pki, tokens, Role};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "kiln-coordinator",
     version,
-    about = "Kiln's coordinator: converge state, records, and the agents' hub"
+    about = "Kiln's coordinator: converge state, records, and the agents' hub",
+    args_conflicts_with_subcommands = true
 )]
-struct Args {
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the farm (the default when no command is given).
+    Serve(ServeArgs),
+    /// Create the farm: its CA and the coordinator's server certificate under DIR/tls.
+    Init {
+        #[arg(long, env = "KILN_FARM")]
+        farm: String,
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+        /// A name or address the server certificate is valid for (repeatable; default: localhost,
+        /// 127.0.0.1 and this host's name).
+        #[arg(long = "san")]
+        sans: Vec<String>,
+    },
+    /// Users' bearer tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Print a one-time join token an agent exchanges for its certificate (`kiln-agent --join`).
+    Enroll {
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+        #[arg(long, value_parser = ["host", "node"])]
+        role: String,
+        /// Node agents: the cluster whose `nodes` target delivers to it.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// How long the join token stays usable: 90s, 30m, 1h, 1d.
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        expires: Duration,
+    },
+    /// Enrolled agents.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
+    /// Print the audit log: every mutating call, who made it, from where, and how it ended.
+    Audit {
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+        /// Only entries this recent: 90s, 30m, 1h, 1d.
+        #[arg(long, value_parser = parse_duration)]
+        since: Option<Duration>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum TokenCommand {
+    /// Make a token; it is printed once, alone on the last line, and only its hash is kept.
+    Create {
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+        #[arg(long)]
+        user: String,
+        #[arg(long, value_parser = ["admin", "member", "viewer"])]
+        role: String,
+        #[arg(long)]
+        team: Option<String>,
+        /// How long it stays valid: 90s, 30m, 12h, 30d. Default: until revoked.
+        #[arg(long, value_parser = parse_duration)]
+        expires: Option<Duration>,
+    },
+    /// List every token (never their secrets).
+    List {
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+    },
+    /// Revoke a token by its id (the 12 hex after `kiln_`).
+    Revoke {
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+        id: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AgentCommand {
+    /// Revoke agent ID: its stream is dropped and every certificate it holds is refused from now.
+    Revoke {
+        #[arg(long, env = "KILN_STATE")]
+        state: PathBuf,
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070", env = "KILN_LISTEN")]
     listen: String,
-    /// Directory of the coordinator's state (SQLite file and context store).
+    /// Directory of the coordinator's state (SQLite file, context store, tls/).
     #[arg(long, env = "KILN_STATE")]
-    state: PathBuf,
-    /// The farm's name: every image this coordinator builds is labeled with it.
+    state: Option<PathBuf>,
+    /// The farm's name (default: the one `init` recorded): every image this coordinator builds is
+    /// labeled with it.
     #[arg(long, env = "KILN_FARM")]
-    farm: String,
+    farm: Option<String>,
+    /// Plaintext, no authentication: for experiments on one machine. Refuses any address but
+    /// loopback.
+    #[arg(long)]
+    dev: bool,
+    /// The server's certificate chain (PEM), instead of the one `init` made: a company PKI's.
+    #[arg(long, requires_all = ["tls_key", "client_ca"])]
+    tls_cert: Option<PathBuf>,
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
+    /// The CA agents' client certificates must chain to (PEM).
+    #[arg(long)]
+    client_ca: Option<PathBuf>,
     /// Reach the Kubernetes cluster of the ambient kubeconfig (or the in-cluster service account):
     /// write each instance's `kiln-images` ConfigMap and keep what the cluster names in sweeps.
     #[arg(long, env = "KILN_KUBERNETES")]
@@ -36,6 +152,20 @@ struct Args {
     custom_resources: Vec<kiln_coordinator::kube::CustomResource>,
 }
 
+/// `90s`, `30m`, `12h`, `30d`, or bare seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90s, 30m, 12h or 30d"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -47,12 +177,197 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let args = Args::parse();
+    let cli = Cli::parse();
+    match cli.command {
+        None => serve(cli.serve).await,
+        Some(Command::Serve(args)) => serve(args).await,
+        Some(Command::Init { farm, state, sans }) => init(&farm, &state, sans),
+        Some(Command::Token { command }) => token(command).await,
+        Some(Command::Enroll { state, role, cluster, expires }) => enroll(&state, &role, cluster, expires).await,
+        Some(Command::Agent { command: AgentCommand::Revoke { state, id } }) => {
+            let store = open(&state)?;
+            let now = pki::now_ms();
+            let changed = store.revoke_agent(&id, now).await?;
+            audit_local(&store, "agent revoke", &id).await;
+            println!("agent {id} revoked{}", if changed { "" } else { " (it already was)" });
+            Ok(())
+        }
+        Some(Command::Audit { state, since }) => {
+            let store = open(&state)?;
+            let since_ms = since.map_or(0, |d| pki::now_ms().saturating_sub(d.as_millis() as u64));
+            for entry in store.audit(since_ms, None).await? {
+                println!(
+                    "{}  {:<20} {:<14} {:<24} {:<22} {}",
+                    entry.at_ms, entry.actor, entry.action, entry.target, entry.address, entry.outcome
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn open(state: &Path) -> anyhow::Result<SqliteStore> {
+    SqliteStore::open(state.join("kiln.db"))
+        .with_context(|| format!("cannot open the farm's state in {}", state.display()))
+}
+
+/// The admin running a command on the state directly: the local account.
+fn local_actor() -> String {
+    format!("local:{}", std::env::var("USER").unwrap_or_else(|_| "root".to_string()))
+}
+
+async fn audit_local(store: &SqliteStore, action: &str, target: &str) {
+    let entry = AuditRow {
+        at_ms: pki::now_ms(),
+        actor: local_actor(),
+        action: action.to_string(),
+        target: target.to_string(),
+        address: "local".to_string(),
+        outcome: "ok".to_string(),
+    };
+    if let Err(err) = store.append_audit(entry).await {
+        eprintln!("kiln-coordinator: warning: the audit entry was not written: {err}");
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+fn init(farm: &str, state: &Path, mut sans: Vec<String>) -> anyhow::Result<()> {
+    if sans.is_empty() {
+        sans = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        let host = host_name();
+        if !host.is_empty() {
+            sans.push(host);
+        }
+    }
+    let files = pki::TlsFiles::in_state(state);
+    let fingerprint = pki::init(&files, farm, &sans)?;
+    std::fs::write(state.join("farm"), format!("{farm}\n")).context("recording the farm's name")?;
+    println!("farm {farm}: CA {} (fingerprint {fingerprint})", files.ca_cert().display());
+    println!("server certificate for {} in {}", sans.join(", "), files.server_cert().display());
+    println!("next: kiln-coordinator --state {} --listen 0.0.0.0:7070", state.display());
+    Ok(())
+}
+
+async fn token(command: TokenCommand) -> anyhow::Result<()> {
+    match command {
+        TokenCommand::Create { state, user, role, team, expires } => {
+            let store = open(&state)?;
+            let minted = tokens::mint();
+            let now = pki::now_ms();
+            let row = TokenRow {
+                id: minted.id.clone(),
+                hash: minted.hash,
+                user: user.clone(),
+                role: Role::parse(&role).context("role")?,
+                team: team.clone(),
+                created_ms: now,
+                expires_ms: expires.map(|d| now + d.as_millis() as u64),
+                revoked_ms: None,
+            };
+            store.put_token(row).await?;
+            audit_local(&store, "token create", &format!("{} ({user}, {role})", minted.id)).await;
+            eprintln!(
+                "token {} for {user} ({role}{}) — shown once; the coordinator keeps only its hash:",
+                minted.id,
+                team.map(|t| format!(", team {t}")).unwrap_or_default()
+            );
+            println!("{}", minted.token);
+            Ok(())
+        }
+        TokenCommand::List { state } => {
+            let store = open(&state)?;
+            let now = pki::now_ms();
+            for t in store.tokens().await? {
+                let status = match (t.revoked_ms, t.expires_ms) {
+                    (Some(_), _) => "revoked".to_string(),
+                    (None, Some(e)) if e <= now => "expired".to_string(),
+                    (None, Some(e)) => format!("expires in {} s", (e - now) / 1000),
+                    (None, None) => "valid".to_string(),
+                };
+                println!(
+                    "{}  {:<16} {:<7} {:<12} {status}",
+                    t.id,
+                    t.user,
+                    t.role.name(),
+                    t.team.unwrap_or_else(|| "-".into())
+                );
+            }
+            Ok(())
+        }
+        TokenCommand::Revoke { state, id } => {
+            let store = open(&state)?;
+            let changed = store.revoke_token(&id, pki::now_ms()).await?;
+            audit_local(&store, "token revoke", &id).await;
+            if !changed {
+                bail!("no valid token {id} — `kiln-coordinator token list` shows them");
+            }
+            println!("token {id} revoked");
+            Ok(())
+        }
+    }
+}
+
+async fn enroll(state: &Path, role: &str, cluster: Option<String>, expires: Duration) -> anyhow::Result<()> {
+    let role = AgentRole::from_name(role).context("role")?;
+    if role == AgentRole::Node && cluster.is_none() {
+        bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");
+    }
+    let authority = pki::Authority::load(&pki::TlsFiles::in_state(state))?;
+    let store = open(state)?;
+    let minted = tokens::mint_join(&authority.fingerprint);
+    let now = pki::now_ms();
+    let row = JoinRow {
+        id: minted.id.clone(),
+        hash: minted.hash,
+        role,
+        cluster: cluster.clone().unwrap_or_default(),
+        created_ms: now,
+        expires_ms: now + expires.as_millis() as u64,
+        used_ms: None,
+    };
+    store.put_join(row).await?;
+    audit_local(&store, "enroll", &format!("join token {} ({})", minted.id, role.name())).await;
+    eprintln!(
+        "join token {} for a {} agent{}, usable once within {} s; the farm CA's fingerprint is {} — the agent trusts \
+         only that CA for its first connection:",
+        minted.id,
+        role.name(),
+        cluster.map(|c| format!(" of cluster {c}")).unwrap_or_default(),
+        expires.as_secs(),
+        authority.fingerprint
+    );
+    println!("{}", minted.token);
+    Ok(())
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let Some(state) = args.state.clone() else { bail!("--state DIR is required: the coordinator's state directory") };
+    let farm = match args.farm.clone() {
+        Some(farm) => farm,
+        None => std::fs::read_to_string(state.join("farm")).map(|f| f.trim().to_string()).map_err(|_| {
+            anyhow::anyhow!("no farm name: pass --farm NAME, or create the farm with `kiln-coordinator init --farm NAME --state {}`", state.display())
+        })?,
+    };
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    println!("listening on {}", listener.local_addr()?);
-    let mut config = kiln_coordinator::Config::new(args.state, args.farm);
+    let local = listener.local_addr()?;
+    let mut config = kiln_coordinator::Config::new(state.clone(), farm);
+    if args.dev {
+        if !local.ip().is_loopback() {
+            bail!("--dev serves plaintext without authentication, so it binds loopback only — not {local}");
+        }
+        eprintln!(
+            "kiln-coordinator: WARNING: --dev: plaintext and NO authentication on {local}; every caller may do \
+             everything. For experiments on this machine only."
+        );
+    } else {
+        config.tls = Some(tls_material(&args, &state)?);
+    }
+    println!("listening on {local}");
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await
@@ -68,4 +383,36 @@ async fn main() -> anyhow::Result<()> {
     };
     kiln_coordinator::serve(listener, config, shutdown).await?;
     Ok(())
+}
+
+/// The TLS material to serve with: the operator's files, else what `init` made. With neither,
+/// the coordinator does not start: it would otherwise serve everyone in plaintext.
+fn tls_material(args: &ServeArgs, state: &Path) -> anyhow::Result<kiln_coordinator::ServerTls> {
+    let read = |p: &Path| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+    if let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.client_ca) {
+        // The operator's PKI signs agents' certificates itself; enrollment here needs the farm CA.
+        let files = pki::TlsFiles::in_state(state);
+        let authority = files.ca_key().is_file().then(|| pki::Authority::load(&files)).transpose()?.map(Arc::new);
+        return Ok(kiln_coordinator::ServerTls {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+            client_ca_pem: read(ca)?,
+            authority,
+        });
+    }
+    let files = pki::TlsFiles::in_state(state);
+    if !files.exists() {
+        bail!(
+            "no TLS material in {} — a served coordinator speaks TLS only: run `kiln-coordinator init --farm NAME --state {}` \
+             (or pass --tls-cert/--tls-key/--client-ca); for a plaintext experiment on loopback, --dev",
+            files.dir.display(),
+            state.display()
+        );
+    }
+    Ok(kiln_coordinator::ServerTls {
+        cert_pem: read(&files.server_cert())?,
+        key_pem: read(&files.server_key())?,
+        client_ca_pem: read(&files.ca_cert())?,
+        authority: Some(Arc::new(pki::Authority::load(&files)?)),
+    })
 }

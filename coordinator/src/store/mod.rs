@@ -15,8 +15,8 @@ mod sqlite;
 use async_trait::async_trait;
 
 use crate::model::{
-    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Pin,
-    Record, RecordedImage,
+    AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
+    Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -109,6 +109,30 @@ pub trait Store: Send + Sync + 'static {
     /// Drops the context's row unless a claim named `claim` lives past `now_ms`; true when a row
     /// went. Atomic against `claim`, so a converge that claimed the context first keeps it.
     async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StoreError>;
+
+    // --- trust (DESIGN.md "Trust")
+    async fn put_token(&self, token: TokenRow) -> Result<(), StoreError>;
+    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StoreError>;
+    /// Every token ever made, revoked ones included, oldest first.
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError>;
+    /// Revokes the token; false when there is none (or it was revoked before).
+    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StoreError>;
+    async fn put_join(&self, join: JoinRow) -> Result<(), StoreError>;
+    /// Uses join token `id` once, atomically: the row as it was (`used_ms` none when this call was
+    /// the first use), or `None` when there is no such token.
+    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StoreError>;
+    /// Revokes every certificate of agent `id` issued up to `now_ms`; false when it already was.
+    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StoreError>;
+    /// `(agent id, revoked at)`: a certificate of that id issued before then is refused; one
+    /// issued after (the machine enrolled again, by an admin's new join token) is not.
+    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StoreError>;
+    /// The instance's owner, made `claim` when it has none yet — atomically, so two first
+    /// converges cannot both own it.
+    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StoreError>;
+    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StoreError>;
+    async fn append_audit(&self, entry: AuditRow) -> Result<(), StoreError>;
+    /// Audit entries at or after `since_ms`, oldest first; only `actor`'s when given.
+    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StoreError>;
 
     // --- store inventories
     /// Replaces the store's last listing.

@@ -7,6 +7,7 @@
 //! # Format
 //!
 //! ```toml
+//! team = "payments"                 # optional: the team that owns the instance on a farm
 //! instance = "shop"                 # required: lowercase letters, digits and '-', starting with a
 //!                                   # letter, ending with a letter or digit, at most 63 characters
 //! platforms = ["linux/amd64"]       # optional: os/arch[/variant] or arch[/variant];
@@ -66,6 +67,9 @@ pub struct Manifest {
     /// The file it was read from, as given.
     pub path: PathBuf,
     pub instance: String,
+    /// The team that owns the instance on a farm (`team = "payments"`); without one, the user who
+    /// first converges it does.
+    pub team: Option<String>,
     pub platforms: PlatformSet,
     pub target: Target,
     /// The Kubernetes namespace of the `kiln-images` ConfigMap, when set.

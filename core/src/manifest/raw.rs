@@ -13,7 +13,7 @@ use toml::Spanned;
 
 use super::error::Problem;
 
-pub(super) const TOP_KEYS: &[&str] = &["instance", "platforms", "target", "built", "brought", "pinned"];
+pub(super) const TOP_KEYS: &[&str] = &["instance", "team", "platforms", "target", "built", "brought", "pinned"];
 pub(super) const TARGET_KEYS: &[&str] = &["kind", "registry", "cluster", "namespace", "mirror_registry"];
 pub(super) const BUILT_KEYS: &[&str] = &["context", "dockerfile", "args", "target", "shared", "repository"];
 pub(super) const REF_KEYS: &[&str] = &["ref"];
@@ -22,6 +22,7 @@ pub(super) const REF_KEYS: &[&str] = &["ref"];
 #[serde(deny_unknown_fields)]
 pub(super) struct RawManifest {
     pub instance: Option<Spanned<String>>,
+    pub team: Option<Spanned<String>>,
     pub platforms: Option<Spanned<Vec<Spanned<String>>>>,
     pub target: Option<Spanned<RawTarget>>,
     #[serde(default)]

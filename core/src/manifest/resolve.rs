@@ -42,6 +42,14 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         None => ctx.whole(*problem),
     })?;
     let instance = resolve_instance(&ctx, raw.instance)?;
+    let team = match raw.team {
+        Some(team) if is_dns_label(team.get_ref()) => Some(team.into_inner()),
+        Some(team) => {
+            let why = "a team is lowercase letters, digits and '-', at most 63 characters";
+            return Err(ctx.at(team.span(), Problem::BadName { what: "team", value: team.into_inner(), why }));
+        }
+        None => None,
+    };
     let platforms = resolve_platforms(&ctx, raw.platforms)?;
     let (target, namespace, mirror_registry) = resolve_target(&ctx, raw.target)?;
 
@@ -80,7 +88,16 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         images.push(Image { name, spec });
     }
 
-    Ok(Manifest { path: manifest_path.to_path_buf(), instance, platforms, target, namespace, mirror_registry, images })
+    Ok(Manifest {
+        path: manifest_path.to_path_buf(),
+        instance,
+        team,
+        platforms,
+        target,
+        namespace,
+        mirror_registry,
+        images,
+    })
 }
 
 enum Body {

@@ -13,7 +13,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::store::StoreError;
 
 /// Versions in order, starting at 1, never edited once released: a change is a new entry.
-const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2)];
+const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 /// The newest schema version this code knows.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -95,6 +95,54 @@ CREATE TABLE pins (
     pinned_at_ms INTEGER NOT NULL,
     pinned_by    TEXT NOT NULL
 );
+"#;
+
+// Trust (DESIGN.md "Trust"): user tokens and agents' join tokens, kept as hashes of their
+// secrets; revoked agents; who owns each instance; the audit log of every mutating call.
+const V3: &str = r#"
+CREATE TABLE tokens (
+    id         TEXT PRIMARY KEY,
+    hash       TEXT NOT NULL,
+    user_name  TEXT NOT NULL,
+    role       TEXT NOT NULL CHECK (role IN ('admin', 'member', 'viewer')),
+    team       TEXT,
+    created_ms INTEGER NOT NULL,
+    expires_ms INTEGER,
+    revoked_ms INTEGER
+);
+
+CREATE TABLE join_tokens (
+    id         TEXT PRIMARY KEY,
+    hash       TEXT NOT NULL,
+    role       TEXT NOT NULL,
+    cluster    TEXT NOT NULL,
+    created_ms INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    used_ms    INTEGER
+);
+
+CREATE TABLE revoked_agents (
+    id         TEXT PRIMARY KEY,
+    revoked_ms INTEGER NOT NULL
+);
+
+-- The first converge of an instance sets its owner: its manifest's team, else its user.
+CREATE TABLE owners (
+    instance  TEXT PRIMARY KEY,
+    team      TEXT,
+    user_name TEXT NOT NULL
+);
+
+CREATE TABLE audit (
+    seq     INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms   INTEGER NOT NULL,
+    actor   TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    target  TEXT NOT NULL,
+    address TEXT NOT NULL,
+    outcome TEXT NOT NULL
+);
+CREATE INDEX audit_by_time ON audit (at_ms);
 "#;
 
 /// Brings the database to [`SCHEMA_VERSION`]; returns the versions this call applied.

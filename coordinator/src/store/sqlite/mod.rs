@@ -12,6 +12,7 @@ mod converges;
 mod migrations;
 mod pins;
 mod records;
+mod trust;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -22,8 +23,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, ErrorCode};
 
 use crate::model::{
-    AgentRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory, Pin,
-    Record, RecordedImage,
+    AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
+    Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
 use crate::store::{Clock, Store, StoreError, SystemClock};
 
@@ -312,6 +313,62 @@ impl Store for SqliteStore {
             catalog::delete_context_unless_claimed(c, &digest, &claim, now_ms)
         })
         .await
+    }
+
+    async fn put_token(&self, token: TokenRow) -> Result<(), StoreError> {
+        self.run(format!("saving token {}", token.id), move |c, _| trust::put_token(c, &token)).await
+    }
+
+    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StoreError> {
+        let id = id.to_owned();
+        self.run(format!("reading token {id}"), move |c, _| trust::token(c, &id)).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+        self.run("listing tokens".into(), |c, _| trust::tokens(c)).await
+    }
+
+    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.run(format!("revoking token {id}"), move |c, _| trust::revoke_token(c, &id, now_ms)).await
+    }
+
+    async fn put_join(&self, join: JoinRow) -> Result<(), StoreError> {
+        self.run(format!("saving join token {}", join.id), move |c, _| trust::put_join(c, &join)).await
+    }
+
+    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StoreError> {
+        let id = id.to_owned();
+        self.run(format!("using join token {id}"), move |c, _| trust::use_join(c, &id, now_ms)).await
+    }
+
+    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.run(format!("revoking agent {id}"), move |c, _| trust::revoke_agent(c, &id, now_ms)).await
+    }
+
+    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.run("listing revoked agents".into(), |c, _| trust::revoked_agents(c)).await
+    }
+
+    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StoreError> {
+        let instance = instance.to_owned();
+        self.run(format!("reading the owner of instance {instance}"), move |c, _| trust::own(c, &instance, &claim))
+            .await
+    }
+
+    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StoreError> {
+        let instance = instance.to_owned();
+        self.run(format!("reading the owner of instance {instance}"), move |c, _| trust::owner(c, &instance)).await
+    }
+
+    async fn append_audit(&self, entry: AuditRow) -> Result<(), StoreError> {
+        self.run("writing the audit log".into(), move |c, _| trust::append_audit(c, &entry)).await
+    }
+
+    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StoreError> {
+        let actor = actor.map(str::to_owned);
+        self.run("reading the audit log".into(), move |c, _| trust::audit(c, since_ms, actor.as_deref())).await
     }
 
     async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError> {

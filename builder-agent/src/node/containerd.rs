@@ -10,14 +10,15 @@ use super::import::{self, MANIFEST_LIMIT};
 use super::oci::{self, ImageConfig, Index, Manifest};
 use super::{ImportBody, ImportSpec, Imported, NodeError, NodeStore, Removal};
 use async_trait::async_trait;
-use containerd_client::services::v1::containers_client::ContainersClient;
-use containerd_client::services::v1::images_client::ImagesClient;
-use containerd_client::services::v1::version_client::VersionClient;
-use containerd_client::services::v1::{DeleteImageRequest, GetImageRequest, ListContainersRequest, ListImagesRequest};
-use containerd_client::types::Descriptor;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use kiln_core::refs::{ImageRef, Platform};
 use kiln_core::sweep::{ListedImage, RemovalMode};
+use kiln_proto::containerd::services::containers::v1::containers_client::ContainersClient;
+use kiln_proto::containerd::services::containers::v1::ListContainersRequest;
+use kiln_proto::containerd::services::images::v1::images_client::ImagesClient;
+use kiln_proto::containerd::services::images::v1::{DeleteImageRequest, GetImageRequest, ListImagesRequest};
+use kiln_proto::containerd::services::version::v1::version_client::VersionClient;
+use kiln_proto::containerd::types::Descriptor;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use tonic::Code;
@@ -61,7 +62,7 @@ impl ContainerdStore {
         let mut client = ImagesClient::new(self.conn.channel.clone());
         // `sync` waits for the collector, so the content of an image whose last ref this was is gone
         // by the time the call returns and a re-list reports the bytes truly reclaimed.
-        let request = self.conn.request(DeleteImageRequest { name: name.to_string(), sync: true, target: None }, None);
+        let request = self.conn.request(DeleteImageRequest { name: name.to_string(), sync: true }, None);
         match self.conn.call("remove image", name, client.delete(request)).await {
             Ok(_) => Ok(Removal::Removed),
             Err(NodeError::Refused { source, .. }) if source.code() == Code::NotFound => Ok(Removal::Absent),
@@ -127,7 +128,7 @@ impl NodeStore for ContainerdStore {
 
     async fn list(&self) -> Result<Vec<ListedImage>, NodeError> {
         let mut client = ImagesClient::new(self.conn.channel.clone());
-        let request = self.conn.request(ListImagesRequest { filters: Vec::new() }, None);
+        let request = self.conn.request(ListImagesRequest {}, None);
         let images =
             self.conn.call("list images", &self.conn.namespace, client.list(request)).await?.into_inner().images;
 
@@ -191,7 +192,7 @@ impl NodeStore for ContainerdStore {
 
     async fn workload_images(&self) -> Result<Vec<String>, NodeError> {
         let mut client = ContainersClient::new(self.conn.channel.clone());
-        let request = self.conn.request(ListContainersRequest { filters: Vec::new() }, None);
+        let request = self.conn.request(ListContainersRequest {}, None);
         let containers = self
             .conn
             .call("list containers", &self.conn.namespace, client.list(request))

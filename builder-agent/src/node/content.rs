@@ -3,19 +3,22 @@
 //! blob writes, and leases.
 
 use super::NodeError;
-use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::leases_client::LeasesClient;
-use containerd_client::services::v1::{
-    AbortRequest, CreateRequest, DeleteRequest, ReadContentRequest, WriteAction, WriteContentRequest,
+use hyper_util::rt::TokioIo;
+use kiln_proto::containerd::services::content::v1::content_client::ContentClient;
+use kiln_proto::containerd::services::content::v1::{
+    AbortRequest, ReadContentRequest, WriteAction, WriteContentRequest,
 };
+use kiln_proto::containerd::services::leases::v1::leases_client::LeasesClient;
+use kiln_proto::containerd::services::leases::v1::{CreateRequest, DeleteRequest};
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Code, Request, Status};
 
 /// How long a quick call (a listing, a removal, a blob read) may wait for its answer. A streamed
@@ -38,7 +41,7 @@ impl Conn {
     /// Connects to the unix socket at `socket`; fails naming it when nothing listens there.
     pub async fn connect(socket: &Path, namespace: &str) -> Result<Conn, NodeError> {
         let unreachable = |source| NodeError::Unreachable { socket: socket.to_path_buf(), source };
-        let channel = containerd_client::connect(socket).await.map_err(unreachable)?;
+        let channel = unix_channel(socket).await.map_err(unreachable)?;
         Ok(Conn { channel, socket: socket.to_path_buf(), namespace: namespace.to_string() })
     }
 
@@ -122,6 +125,21 @@ impl Conn {
             tracing::warn!(socket = %self.socket.display(), lease = id, error = %err, "could not end an import lease; it expires by itself");
         }
     }
+}
+
+/// A gRPC channel to the unix socket at `socket` (containerd's, which also serves the CRI),
+/// connected before it is returned, so a socket nobody listens on fails here. The channel
+/// reconnects to the same path when the connection drops.
+pub async fn unix_channel(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let socket = socket.to_path_buf();
+    // The URI only fills the HTTP/2 `:authority`; `localhost` is what gRPC's own clients send on a
+    // unix socket. Every connection goes to the socket.
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        }))
+        .await
 }
 
 /// One blob streamed into the content store under a lease, in chunks, without knowing its digest

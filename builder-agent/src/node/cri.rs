@@ -17,13 +17,13 @@ use super::content::Conn;
 use super::oci::ImageConfig;
 use super::{ImportBody, ImportSpec, Imported, NodeError, NodeStore, Removal};
 use async_trait::async_trait;
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
-    ImageSpec, ImageStatusRequest, ListContainersRequest, ListImagesRequest, RemoveImageRequest, VersionRequest,
-};
 use kiln_core::refs::ImageRef;
 use kiln_core::sweep::{ListedImage, RemovalMode};
+use kiln_proto::cri::v1::image_service_client::ImageServiceClient;
+use kiln_proto::cri::v1::runtime_service_client::RuntimeServiceClient;
+use kiln_proto::cri::v1::{
+    Image, ImageSpec, ImageStatusRequest, ListContainersRequest, ListImagesRequest, RemoveImageRequest, VersionRequest,
+};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -58,7 +58,7 @@ impl CriNodeStore {
     }
 
     /// The CRI's status of `image` (a name or id), verbose so that it carries the config.
-    async fn status(&self, image: &str) -> Result<Option<(k8s_cri::v1::Image, ImageConfig)>, NodeError> {
+    async fn status(&self, image: &str) -> Result<Option<(Image, ImageConfig)>, NodeError> {
         let request = ImageStatusRequest { image: Some(spec(image)), verbose: true };
         let answer = self
             .conn
@@ -78,7 +78,7 @@ impl CriNodeStore {
 }
 
 fn spec(image: &str) -> ImageSpec {
-    ImageSpec { image: image.to_string(), ..Default::default() }
+    ImageSpec { image: image.to_string() }
 }
 
 /// `sha256:` and 64 lowercase hex digits: an image id, the only thing this adapter removes.
@@ -109,7 +109,7 @@ impl NodeStore for CriNodeStore {
     }
 
     async fn list(&self) -> Result<Vec<ListedImage>, NodeError> {
-        let request = self.conn.request(ListImagesRequest { filter: None }, None);
+        let request = self.conn.request(ListImagesRequest {}, None);
         let images =
             self.conn.call("CRI list images", "", self.images().list_images(request)).await?.into_inner().images;
         let mut listed = Vec::with_capacity(images.len());
@@ -174,7 +174,7 @@ impl NodeStore for CriNodeStore {
 
     async fn workload_images(&self) -> Result<Vec<String>, NodeError> {
         let mut client = RuntimeServiceClient::new(self.conn.channel.clone());
-        let request = self.conn.request(ListContainersRequest { filter: None }, None);
+        let request = self.conn.request(ListContainersRequest {}, None);
         let containers = self.conn.call("CRI list containers", "", client.list_containers(request)).await?.into_inner();
         // Both the name the container was created with and the id it resolved to: either keeps it.
         let mut images = BTreeSet::new();

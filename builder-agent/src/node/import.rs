@@ -19,13 +19,12 @@ use super::archive::{self, Failure, Piece, SMALL_LIMIT};
 use super::content::{BlobWriter, Committed, Conn};
 use super::oci::{self, Descriptor, ImageConfig, Manifest, SavedImage};
 use super::{ImportBody, ImportSpec, Imported, NodeError};
-use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::images_client::ImagesClient;
-use containerd_client::services::v1::{
-    CreateImageRequest, GetImageRequest, Image, Info, UpdateImageRequest, UpdateRequest,
-};
-use containerd_client::types::Descriptor as TargetDescriptor;
 use kiln_core::refs::ImageRef;
+use kiln_proto::containerd::services::content::v1::content_client::ContentClient;
+use kiln_proto::containerd::services::content::v1::{Info, UpdateRequest};
+use kiln_proto::containerd::services::images::v1::images_client::ImagesClient;
+use kiln_proto::containerd::services::images::v1::{CreateImageRequest, GetImageRequest, Image, UpdateImageRequest};
+use kiln_proto::containerd::types::Descriptor as TargetDescriptor;
 use std::collections::HashMap;
 use tonic::Code;
 
@@ -244,7 +243,7 @@ async fn write_whole(
 async fn label_blob(conn: &Conn, lease: &str, digest: &str, labels: HashMap<String, String>) -> Result<(), NodeError> {
     let paths = labels.keys().map(|key| format!("labels.{key}")).collect();
     let mut request = UpdateRequest {
-        info: Some(Info { digest: digest.to_string(), labels, ..Default::default() }),
+        info: Some(Info { digest: digest.to_string(), labels }),
         update_mask: Some(Default::default()),
     };
     if let Some(mask) = request.update_mask.as_mut() {
@@ -277,8 +276,8 @@ async fn point(
 ) -> Result<(), NodeError> {
     let mut client = ImagesClient::new(conn.channel.clone());
     let labels = HashMap::from([(CRI_MANAGED.0.to_string(), CRI_MANAGED.1.to_string())]);
-    let image = Image { name: name.to_string(), target: Some(target.clone()), labels, ..Default::default() };
-    let create = CreateImageRequest { image: Some(image.clone()), ..Default::default() };
+    let image = Image { name: name.to_string(), target: Some(target.clone()), labels };
+    let create = CreateImageRequest { image: Some(image.clone()) };
     match client.create(conn.request(create, Some(lease))).await {
         Ok(_) => return Ok(()),
         Err(status) if status.code() == Code::AlreadyExists && existing == Existing::Keep => return Ok(()),
@@ -293,8 +292,7 @@ async fn point(
     {
         return Ok(());
     }
-    let mut update =
-        UpdateImageRequest { image: Some(image), update_mask: Some(Default::default()), ..Default::default() };
+    let mut update = UpdateImageRequest { image: Some(image), update_mask: Some(Default::default()) };
     if let Some(mask) = update.update_mask.as_mut() {
         mask.paths = vec!["target".to_string(), format!("labels.{}", CRI_MANAGED.0)];
     }

@@ -27,6 +27,7 @@ mod oci;
 pub(crate) mod tasks;
 
 pub use containerd::ContainerdStore;
+pub use content::unix_channel;
 pub use cri::CriNodeStore;
 pub use error::NodeError;
 

@@ -9,14 +9,15 @@
 pub mod hub;
 
 use bytes::Bytes;
-use containerd_client::services::v1::containers_client::ContainersClient;
-use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::images_client::ImagesClient;
-use containerd_client::services::v1::{
-    CreateContainerRequest, CreateImageRequest, GetImageRequest, Image, ListContentRequest, ListImagesRequest,
-};
-use containerd_client::types::Descriptor;
 use kiln_agent::node::{ContainerdStore, CriNodeStore, ImportBody, K8S_NAMESPACE};
+use kiln_proto::containerd::services::containers::v1::container::Runtime;
+use kiln_proto::containerd::services::containers::v1::containers_client::ContainersClient;
+use kiln_proto::containerd::services::containers::v1::{Container, CreateContainerRequest};
+use kiln_proto::containerd::services::content::v1::content_client::ContentClient;
+use kiln_proto::containerd::services::content::v1::ListContentRequest;
+use kiln_proto::containerd::services::images::v1::images_client::ImagesClient;
+use kiln_proto::containerd::services::images::v1::{CreateImageRequest, GetImageRequest, Image, ListImagesRequest};
+use kiln_proto::containerd::types::Descriptor;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::io::Read;
@@ -84,13 +85,13 @@ impl Containerd {
     }
 
     pub async fn channel(&self) -> Channel {
-        containerd_client::connect(&self.socket).await.unwrap()
+        kiln_agent::node::unix_channel(&self.socket).await.unwrap()
     }
 
     /// Every blob digest the namespace's content store holds.
     pub async fn content(&self) -> BTreeSet<String> {
         let mut client = ContentClient::new(self.channel().await);
-        let mut answers = client.list(ns(ListContentRequest { filters: vec![] })).await.unwrap().into_inner();
+        let mut answers = client.list(ns(ListContentRequest {})).await.unwrap().into_inner();
         let mut digests = BTreeSet::new();
         while let Some(answer) = answers.message().await.unwrap() {
             digests.extend(answer.info.into_iter().map(|info| info.digest));
@@ -110,7 +111,7 @@ impl Containerd {
     pub async fn create_ref(&self, name: &str, target: Descriptor) {
         let mut client = ImagesClient::new(self.channel().await);
         let image = Image { name: name.to_string(), target: Some(target), ..Default::default() };
-        client.create(ns(CreateImageRequest { image: Some(image), ..Default::default() })).await.unwrap();
+        client.create(ns(CreateImageRequest { image: Some(image) })).await.unwrap();
         self.settle().await;
     }
 
@@ -122,7 +123,7 @@ impl Containerd {
         let mut client = ImagesClient::new(self.channel().await);
         let mut images = Vec::new();
         for _ in 0..250 {
-            images = client.list(ns(ListImagesRequest { filters: vec![] })).await.unwrap().into_inner().images;
+            images = client.list(ns(ListImagesRequest {})).await.unwrap().into_inner().images;
             if images.iter().all(|i| i.labels.get("io.cri-containerd.image").map(String::as_str) == Some("managed")) {
                 return;
             }
@@ -134,16 +135,12 @@ impl Containerd {
     /// A container record using `image` — no task, no snapshot: only what the Containers service keeps.
     pub async fn create_container(&self, id: &str, image: &str) {
         let mut client = ContainersClient::new(self.channel().await);
-        let mut container = containerd_client::services::v1::Container {
+        let mut container = Container {
             id: id.to_string(),
             image: image.to_string(),
-            runtime: Some(Default::default()),
+            runtime: Some(Runtime { name: "io.containerd.runc.v2".to_string() }),
             spec: Some(Default::default()),
-            ..Default::default()
         };
-        if let Some(runtime) = container.runtime.as_mut() {
-            runtime.name = "io.containerd.runc.v2".to_string();
-        }
         if let Some(spec) = container.spec.as_mut() {
             spec.type_url = "types.containerd.io/opencontainers/runtime-spec/1/Spec".to_string();
             spec.value = b"{}".to_vec();

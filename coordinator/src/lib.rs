@@ -32,4 +32,4 @@ mod relay;
 mod server;
 mod sweep;
 
-pub use server::{serve, Config, ServeError};
+pub use server::{serve, Config, ServeError, DEFAULT_MAX_UPLOAD_BYTES};

@@ -30,7 +30,13 @@ pub struct Config {
     /// while an embedded `kiln up` runs): nothing is marked failed at start, no leftover is
     /// cleaned, and every call that would change something is refused.
     pub read_only: bool,
+    /// The most bytes one context upload may carry; an upload passing it is refused at once and
+    /// its partial file deleted, so an unauthenticated client cannot fill the disk with one claim.
+    pub max_upload_bytes: u64,
 }
+
+/// [`Config::max_upload_bytes`] unless configured: far above any source tree, well below a disk.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 8 << 30;
 
 impl Config {
     pub fn new(state_dir: impl Into<PathBuf>, farm: impl Into<String>) -> Config {
@@ -41,6 +47,7 @@ impl Config {
             agent_lease: Duration::from_secs(30),
             kubernetes: None,
             read_only: false,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
         }
     }
 }
@@ -93,7 +100,8 @@ pub async fn serve(
     }
     let contexts_dir = dir.join("contexts");
     let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only)
-        .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?;
+        .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?
+        .with_upload_limit(config.max_upload_bytes);
     let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
     let relay_dir = dir.join("relay");
     let relay = Relay::open(relay_dir.clone()).map_err(|err| ServeError::Relay { dir: relay_dir, err })?;
@@ -109,7 +117,13 @@ pub async fn serve(
         .initial_connection_window_size(Some(16 << 20))
         .max_frame_size(Some(1 << 20))
         .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
-        .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts }))
+        // Every message is decoded whole before a handler sees it, so its size is a buffer an
+        // unauthenticated client chooses: uploads are cut in 1 MiB chunks, and a message of the other
+        // services stays at tonic's 4 MiB default.
+        .add_service(
+            pb::content_store_server::ContentStoreServer::new(ContentService { contexts })
+                .max_decoding_message_size(crate::contexts::UPLOAD_MESSAGE_MAX),
+        )
         .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
         .add_service(pb::image_relay_server::ImageRelayServer::new(RelayService { relay }))
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -34,6 +34,10 @@ struct Args {
     /// (repeatable).
     #[arg(long = "custom-resource", value_name = "GROUP/VERSION/KIND/PLURAL")]
     custom_resources: Vec<kiln_coordinator::kube::CustomResource>,
+    /// The most bytes one context upload may carry (default 8 GiB); a bigger one is refused as it
+    /// passes the limit, and nothing of it is kept.
+    #[arg(long, value_name = "BYTES", default_value_t = kiln_coordinator::DEFAULT_MAX_UPLOAD_BYTES, env = "KILN_MAX_UPLOAD_BYTES")]
+    max_upload_bytes: u64,
 }
 
 #[tokio::main]
@@ -53,6 +57,7 @@ async fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     println!("listening on {}", listener.local_addr()?);
     let mut config = kiln_coordinator::Config::new(args.state, args.farm);
+    config.max_upload_bytes = args.max_upload_bytes;
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await

@@ -20,6 +20,7 @@ pub mod kube;
 pub mod model;
 pub mod store;
 
+mod address;
 mod api;
 mod contexts;
 mod convert;

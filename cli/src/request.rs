@@ -2,9 +2,10 @@
 //! instance wants as an `UpRequest`. Nothing is sent to Docker; a steady-state converge costs this
 //! walk and one RPC.
 //!
-//! The CLI computes each content ref and the coordinator takes it as given (the agent verifies the
-//! context's digest instead of re-deriving the address), so the ref here must be exactly the one
-//! `kiln refs` prints — both come from `BuiltImage::address` and `content_ref`.
+//! The CLI computes each content ref, and the coordinator recomputes it from the same inputs
+//! (carried here: the context digest, the Dockerfile path the address hashed and an outside
+//! Dockerfile's bytes, args, stage, platforms) and refuses any other. So the ref here must be
+//! exactly the one `kiln refs` prints — both come from `BuiltImage::address` and `content_ref`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -94,6 +95,9 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
             };
             let wire = WireImage {
                 dockerfile_digest,
+                // What the address hashed, so the coordinator can recompute it: an outside
+                // Dockerfile's path is not `dockerfile`, which stays empty for one.
+                dockerfile_path: built.dockerfile.rel().to_string(),
                 name: name.to_string(),
                 kind: image_spec::Kind::Built as i32,
                 reference: reference.to_string(),
@@ -206,6 +210,8 @@ mod tests {
         let worker = &r.images[1];
         assert_eq!(worker.reference, expected_ref(&manifest, "worker"));
         assert_eq!(worker.dockerfile, "", "an outside Dockerfile travels by contents, not by path");
+        assert_eq!(worker.dockerfile_path, "../worker.Dockerfile", "the path its address hashed");
+        assert_eq!(web.dockerfile_path, web.dockerfile);
         let outside = std::fs::read(manifest.path.parent().unwrap().join("worker.Dockerfile")).unwrap();
         assert_eq!(worker.dockerfile_outside, outside);
         assert_eq!(worker.args.get("GREETING").map(String::as_str), Some("hello from kiln"));

@@ -20,6 +20,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 const CHUNK: usize = 1 << 20;
 
+/// The largest message the content store decodes: the CLI's 1 MiB upload chunk, with room for
+/// its framing and a client that cuts a little differently. Each message is held whole until
+/// decoded, so this is what one stream can make the coordinator buffer beyond its flow window.
+pub(crate) const UPLOAD_MESSAGE_MAX: usize = 2 << 20;
+
 /// The context files and their index.
 pub struct Contexts {
     dir: PathBuf,
@@ -28,6 +33,8 @@ pub struct Contexts {
     /// Held while a context is collected and while an upload lands, so an upload that arrives
     /// just after its row was collected is never deleted with the old file.
     landing: tokio::sync::Mutex<()>,
+    /// `Config::max_upload_bytes`: an upload is refused the moment it passes this.
+    max_upload_bytes: u64,
 }
 
 /// What a collection of the content store took.
@@ -57,7 +64,19 @@ impl Contexts {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        Ok(Contexts { dir, store, arrived: Notify::new(), landing: tokio::sync::Mutex::new(()) })
+        Ok(Contexts {
+            dir,
+            store,
+            arrived: Notify::new(),
+            landing: tokio::sync::Mutex::new(()),
+            max_upload_bytes: crate::server::DEFAULT_MAX_UPLOAD_BYTES,
+        })
+    }
+
+    /// Refuses any upload of more than `bytes`.
+    pub fn with_upload_limit(mut self, bytes: u64) -> Contexts {
+        self.max_upload_bytes = bytes;
+        self
     }
 
     /// Collects by reachability: every stored context that `keep` (the records' current and
@@ -167,6 +186,15 @@ impl Contexts {
                 },
             };
             total += data.len() as u64;
+            if total > self.max_upload_bytes {
+                // Before the chunk is written: the partial file `accept` deletes never passes the limit.
+                return Err(Status::resource_exhausted(format!(
+                    "upload of context {digest} refused: it passed this coordinator's limit of {} per context \
+                     — exclude build outputs and data from the context in .dockerignore, or have the farm's \
+                     admin raise the limit (kiln-coordinator --max-upload-bytes)",
+                    shown_bytes(self.max_upload_bytes)
+                )));
+            }
             file.write_all(&data).await.map_err(io)?;
             if tx.send(data).is_err() {
                 break; // the verifier stopped early: its verdict says why
@@ -191,6 +219,16 @@ impl Contexts {
         drop(landing);
         self.arrived.notify_waiters();
         Ok(total)
+    }
+}
+
+/// `8 GiB`, `10 MiB`, `1500 bytes`: a limit as its reader would write it.
+fn shown_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
     }
 }
 

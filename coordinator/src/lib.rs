@@ -21,6 +21,7 @@ pub mod model;
 pub mod store;
 pub mod trust;
 
+mod address;
 mod api;
 mod contexts;
 mod convert;
@@ -33,4 +34,4 @@ mod relay;
 mod server;
 mod sweep;
 
-pub use server::{serve, Config, ServeError, ServerTls};
+pub use server::{serve, Config, ServeError, ServerTls, DEFAULT_MAX_UPLOAD_BYTES};

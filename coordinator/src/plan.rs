@@ -105,6 +105,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
         if req.platforms.is_empty() {
             return Err(missing("platforms"));
         }
+        let platform_set = crate::address::platform_set(&req.platforms)?;
         let mut images = Vec::with_capacity(req.images.len());
         for image in req.images {
             let kind = image.kind();
@@ -112,7 +113,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             if image.name.is_empty() {
                 return Err(missing("images[].name"));
             }
-            ImageRef::parse(&image.reference)
+            let sent = ImageRef::parse(&image.reference)
                 .map_err(|e| Status::invalid_argument(format!("{}: {e}", at("reference"))))?;
             let kind = match kind {
                 pb::image_spec::Kind::Built => {
@@ -122,15 +123,18 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                     if image.dockerfile.is_empty() && image.dockerfile_outside.is_empty() {
                         return Err(Status::invalid_argument(at("neither dockerfile nor dockerfile_outside is set")));
                     }
-                    PlanKind::Built(BuildInputs {
+                    let inputs = BuildInputs {
                         context,
-                        dockerfile: image.dockerfile,
-                        dockerfile_outside: image.dockerfile_outside,
-                        args: image.args.into_iter().collect(),
-                        target_stage: image.target_stage,
+                        dockerfile: image.dockerfile.clone(),
+                        dockerfile_outside: image.dockerfile_outside.clone(),
+                        args: image.args.clone().into_iter().collect(),
+                        target_stage: image.target_stage.clone(),
                         shared: image.shared,
-                        dockerfile_digest: image.dockerfile_digest,
-                    })
+                        dockerfile_digest: image.dockerfile_digest.clone(),
+                    };
+                    // The client's ref is checked, never trusted: a tag cannot lie (`address`).
+                    crate::address::check_built_ref(&image, &sent, &inputs, &platform_set, &target)?;
+                    PlanKind::Built(inputs)
                 }
                 pb::image_spec::Kind::Brought => PlanKind::Brought,
                 pb::image_spec::Kind::Pinned => PlanKind::Pinned,
@@ -142,7 +146,8 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             instance: req.instance,
             target,
             namespace,
-            platforms: req.platforms,
+            // As the set the tags name: what is built is what is addressed.
+            platforms: platform_set.iter().map(|p| p.oci()).collect(),
             images,
             force: req.force,
             requested_by: req.requested_by,

@@ -33,6 +33,9 @@ pub struct Config {
     /// TLS and verified callers (DESIGN.md "Trust"). `None`: plaintext, and every caller is the
     /// embedded principal — the in-process default, and `--dev` on loopback.
     pub tls: Option<ServerTls>,
+    /// The most bytes one context upload may carry; an upload passing it is refused at once and
+    /// its partial file deleted, so an unauthenticated client cannot fill the disk with one claim.
+    pub max_upload_bytes: u64,
 }
 
 /// A served coordinator's TLS material: its certificate chain and key, the CA its agents'
@@ -53,6 +56,9 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
+/// [`Config::max_upload_bytes`] unless configured: far above any source tree, well below a disk.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 8 << 30;
+
 impl Config {
     pub fn new(state_dir: impl Into<PathBuf>, farm: impl Into<String>) -> Config {
         Config {
@@ -63,6 +69,7 @@ impl Config {
             kubernetes: None,
             read_only: false,
             tls: None,
+            max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
         }
     }
 }
@@ -117,7 +124,8 @@ pub async fn serve(
     }
     let contexts_dir = dir.join("contexts");
     let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only)
-        .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?;
+        .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?
+        .with_upload_limit(config.max_upload_bytes);
     let verifier = Arc::new(crate::trust::Verifier::new(store.clone()));
     let mode = if config.tls.is_some() { crate::trust::Mode::Verified } else { crate::trust::Mode::Open };
     let guard = crate::trust::Guard { mode, verifier };
@@ -165,7 +173,13 @@ pub async fn serve(
         .initial_connection_window_size(Some(16 << 20))
         .max_frame_size(Some(1 << 20))
         .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
-        .add_service(pb::content_store_server::ContentStoreServer::new(ContentService { contexts, hub: hub.clone() }))
+        // Every message is decoded whole before a handler sees it, so its size is a buffer an
+        // unauthenticated client chooses: uploads are cut in 1 MiB chunks, and a message of the other
+        // services stays at tonic's 4 MiB default.
+        .add_service(
+            pb::content_store_server::ContentStoreServer::new(ContentService { contexts, hub: hub.clone() })
+                .max_decoding_message_size(crate::contexts::UPLOAD_MESSAGE_MAX),
+        )
         .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
         .add_service(pb::image_relay_server::ImageRelayServer::new(RelayService { relay }))
         .add_service(pb::enrollment_server::EnrollmentServer::new(enrollment))

@@ -251,3 +251,76 @@ fn verify_applies_the_same_checks_without_writing() {
     let escaping = Hostile::new().file("../evil", "x").done();
     assert!(kiln_core::archive::verify(&escaping[..], &digest).is_err());
 }
+
+/// A tar stream that never ends by itself: `head`, then `fill` bytes for as long as it is read.
+/// Counts what was read, so a test can show a reader stopped early instead of buffering.
+struct Endless {
+    head: Vec<u8>,
+    at: usize,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl std::io::Read for Endless {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = if self.at < self.head.len() {
+            let n = buf.len().min(self.head.len() - self.at);
+            buf[..n].copy_from_slice(&self.head[self.at..self.at + n]);
+            self.at += n;
+            n
+        } else {
+            buf.fill(b'a');
+            buf.len()
+        };
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// A header of `kind` claiming `size` bytes of content, as a hostile client would send first.
+fn claiming(name: &[u8], kind: tar::EntryType, size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_ustar();
+    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    h.set_entry_type(kind);
+    h.set_mode(0o644);
+    h.set_size(size);
+    h.set_cksum();
+    h.as_bytes().to_vec()
+}
+
+#[test]
+fn a_huge_pax_record_is_refused_at_the_limit_without_being_buffered() {
+    use kiln_core::archive::{verify, ENTRY_METADATA_MAX};
+    for kind in [tar::EntryType::XHeader, tar::EntryType::GNULongName, tar::EntryType::GNULongLink] {
+        // A first, innocent entry, then a record claiming 300 MB.
+        let mut head = Hostile::new().file("a", "x").0;
+        head.extend(claiming(b"././@PaxHeader", kind, 300 << 20));
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let endless = Endless { head, at: 0, read: read.clone() };
+        let err = verify(endless, &TreeDigest([0; 32])).unwrap_err();
+        assert!(matches!(err, ArchiveError::MetadataTooLarge { .. }), "{kind:?}: {err}");
+        let msg = err.to_string();
+        assert!(msg.contains("after a:") && msg.contains("exceed 1 MiB"), "names the entry and the limit: {msg}");
+        assert!(read.get() < ENTRY_METADATA_MAX + (64 << 10), "{kind:?}: read {} bytes before refusing", read.get());
+    }
+}
+
+#[test]
+fn records_over_the_limit_are_refused_by_unpack_too_and_shorter_ones_pass() {
+    use kiln_core::archive::ENTRY_METADATA_MAX;
+    let long = vec![b'p'; ENTRY_METADATA_MAX as usize + 1];
+    assert_refused(Hostile::new().pax_path(&long).file("innocent", "x").done(), "exceed 1 MiB");
+
+    // Long paths are what pax records are for: one of 4 KiB (Linux's PATH_MAX) is read as before.
+    let path = format!("{}/f", "d".repeat(4000));
+    let archive = Hostile::new().pax_path(path.as_bytes()).file("ignored", "x").done();
+    let done = kiln_core::archive::verify(&archive[..], &TreeDigest([0; 32])).unwrap_err();
+    assert!(matches!(done, ArchiveError::DigestMismatch { .. }), "read to its end: {done}");
+}
+
+#[test]
+fn a_directory_or_symlink_with_content_is_refused() {
+    let archive = Hostile::new().entry(b"d/", tar::EntryType::Directory, b"", &[0u8; 4096]).done();
+    assert_refused(archive, "carries content");
+    let archive = Hostile::new().entry(b"l", tar::EntryType::Symlink, b"x", b"data").done();
+    assert_refused(archive, "carries content");
+}

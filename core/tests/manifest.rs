@@ -495,3 +495,175 @@ fn the_examples_load() {
     let registry = Manifest::load(&example("registry")).unwrap();
     assert_eq!(registry.target.qualify("hello-registry-web"), "127.0.0.1:5000/hello-registry-web");
 }
+
+// Containment: a manifest from a cloned repository must not ship files from outside it.
+
+const WEB: &str = "instance = \"a\"\n[target]\nkind = \"local\"\n[built.web]\n";
+
+/// A temp folder holding `outside/` (a context with a Dockerfile), `secret.Dockerfile`, and the
+/// instance folder `inst/` with `kiln.toml` = `manifest` and `inst/web/Dockerfile`.
+fn beside_outside(manifest: &str) -> (TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    for (path, contents) in [
+        ("outside/Dockerfile", "FROM scratch\n"),
+        ("outside/secret.txt", "s3cret\n"),
+        ("secret.Dockerfile", "FROM scratch\n"),
+        ("inst/web/Dockerfile", "FROM scratch\n"),
+        ("inst/kiln.toml", manifest),
+    ] {
+        let path = tmp.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    let top = std::fs::canonicalize(tmp.path()).unwrap();
+    (tmp, top)
+}
+
+fn refused(dir: &Path) -> String {
+    Manifest::load(dir).expect_err("manifest should be refused").to_string()
+}
+
+#[test]
+fn a_context_climbing_out_of_the_manifest_folder_is_refused() {
+    let (tmp, top) = beside_outside(&format!("{WEB}context = \"../outside\"\n"));
+    let msg = refused(&tmp.path().join("inst"));
+    assert_has(
+        &msg,
+        &[
+            "kiln.toml:5: context \"../outside\" of [built.web] resolves to ",
+            &format!("{}, outside the instance's root {} ", top.join("outside").display(), top.join("inst").display()),
+            "(the manifest's folder, as no git work tree holds it)",
+            "— move it inside, or widen the root with root = \"..\"",
+        ],
+    );
+}
+
+#[test]
+#[cfg(unix)]
+fn a_context_symlinked_out_of_the_root_is_refused() {
+    let (tmp, top) = beside_outside(&format!("{WEB}context = \"linked\"\n"));
+    std::os::unix::fs::symlink(top.join("outside"), tmp.path().join("inst/linked")).unwrap();
+    let msg = refused(&tmp.path().join("inst"));
+    assert_has(
+        &msg,
+        &[
+            "kiln.toml:5: context \"linked\" of [built.web] resolves to ",
+            &top.join("outside").display().to_string(),
+            "outside the instance's root",
+        ],
+    );
+    // A relative link climbing out is the same escape.
+    std::fs::remove_file(tmp.path().join("inst/linked")).unwrap();
+    std::os::unix::fs::symlink("../outside", tmp.path().join("inst/linked")).unwrap();
+    assert_has(&refused(&tmp.path().join("inst")), &["context \"linked\" of [built.web] resolves to "]);
+}
+
+#[test]
+fn a_dockerfile_outside_the_root_is_refused() {
+    let (tmp, top) = beside_outside(&format!("{WEB}context = \"web\"\ndockerfile = \"../secret.Dockerfile\"\n"));
+    let msg = refused(&tmp.path().join("inst"));
+    assert_has(
+        &msg,
+        &[
+            "kiln.toml:6: dockerfile \"../secret.Dockerfile\" of [built.web] resolves to ",
+            &format!("{}, outside the instance's root", top.join("secret.Dockerfile").display()),
+            "root = \"..\"",
+        ],
+    );
+
+    // However deep it climbs: the file the issue shipped to a farm.
+    let deep = format!("{WEB}context = \"web\"\ndockerfile = \"../../../../../../../../etc/hostname\"\n");
+    std::fs::write(tmp.path().join("inst/kiln.toml"), deep).unwrap();
+    if Path::new("/etc/hostname").is_file() {
+        assert_has(&refused(&tmp.path().join("inst")), &["resolves to /etc/hostname, outside the instance's root"]);
+    }
+}
+
+#[test]
+#[cfg(unix)]
+fn a_default_dockerfile_linked_out_of_the_root_is_refused() {
+    let (tmp, top) = beside_outside(&format!("{WEB}context = \"web\"\n"));
+    std::fs::remove_file(tmp.path().join("inst/web/Dockerfile")).unwrap();
+    std::os::unix::fs::symlink("../../secret.Dockerfile", tmp.path().join("inst/web/Dockerfile")).unwrap();
+    let msg = refused(&tmp.path().join("inst"));
+    assert_has(
+        &msg,
+        &[
+            "kiln.toml:4: dockerfile \"web/Dockerfile\" of [built.web] resolves to ",
+            &top.join("secret.Dockerfile").display().to_string(),
+        ],
+    );
+}
+
+#[test]
+fn root_widens_what_a_manifest_may_take() {
+    let text = format!("root = \"..\"\n{WEB}context = \"../outside\"\ndockerfile = \"../secret.Dockerfile\"\n");
+    let (tmp, top) = beside_outside(&text);
+    let m = Manifest::load(&tmp.path().join("inst")).unwrap();
+    assert_eq!(m.root, top);
+    let (_, web) = m.built().next().unwrap();
+    assert_eq!(web.context, top.join("outside"));
+    assert!(matches!(&web.dockerfile, DockerfileLoc::Outside { rel, .. } if rel == "../secret.Dockerfile"));
+
+    // Widened, it still bounds: a path above the new root is refused naming it.
+    let text = format!("root = \"..\"\n{WEB}context = \"web\"\ndockerfile = \"../../x.Dockerfile\"\n");
+    std::fs::write(tmp.path().join("inst/kiln.toml"), &text).unwrap();
+    std::fs::write(top.parent().unwrap().join("x.Dockerfile"), "FROM scratch\n").ok();
+    if top.parent().unwrap().join("x.Dockerfile").is_file() {
+        let msg = refused(&tmp.path().join("inst"));
+        assert_has(&msg, &[&format!("outside the instance's root {} (root = \"..\")", top.display())]);
+        std::fs::remove_file(top.parent().unwrap().join("x.Dockerfile")).unwrap();
+    }
+}
+
+#[test]
+fn a_root_must_be_relative_and_hold_the_manifest() {
+    let (tmp, _top) = beside_outside(&format!("root = \"/\"\n{WEB}context = \"web\"\n"));
+    let dir = tmp.path().join("inst");
+    assert_has(&refused(&dir), &["kiln.toml:1: root \"/\" must be relative to the manifest's folder"]);
+
+    std::fs::write(dir.join("kiln.toml"), format!("root = \"web\"\n{WEB}context = \"web\"\n")).unwrap();
+    assert_has(
+        &refused(&dir),
+        &["kiln.toml:1: root \"web\" resolves to ", "which does not hold the manifest's folder"],
+    );
+
+    std::fs::write(dir.join("kiln.toml"), format!("root = \"../nowhere\"\n{WEB}context = \"web\"\n")).unwrap();
+    assert_has(&refused(&dir), &["kiln.toml:1: cannot resolve root \"../nowhere\""]);
+}
+
+#[test]
+fn the_git_work_tree_is_the_default_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(repo.join(".git")).unwrap();
+    for (path, contents) in [("repo/shared/web/Dockerfile", "FROM scratch\n"), ("outside/Dockerfile", "FROM scratch\n")]
+    {
+        let path = tmp.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    let inst = repo.join("apps/inst");
+    std::fs::create_dir_all(&inst).unwrap();
+    std::fs::write(inst.join("kiln.toml"), format!("{WEB}context = \"../../shared/web\"\n")).unwrap();
+    let m = Manifest::load(&inst).unwrap();
+    let repo = std::fs::canonicalize(&repo).unwrap();
+    assert_eq!(m.root, repo, "contexts anywhere in the work tree are inside");
+    assert_eq!(m.built().next().unwrap().1.context, repo.join("shared/web"));
+
+    std::fs::write(inst.join("kiln.toml"), format!("{WEB}context = \"../../../outside\"\n")).unwrap();
+    let msg = refused(&inst);
+    assert_has(
+        &msg,
+        &[
+            &format!("outside the instance's root {} (the git work tree holding the manifest)", repo.display()),
+            "root = \"../../..\"",
+        ],
+    );
+
+    // A linked worktree or a submodule has a `.git` file, not a folder: it is a work tree too.
+    std::fs::remove_dir(repo.join(".git")).unwrap();
+    std::fs::write(repo.join("apps/.git"), "gitdir: /elsewhere\n").unwrap();
+    std::fs::write(inst.join("kiln.toml"), format!("{WEB}context = \"../../shared/web\"\n")).unwrap();
+    assert_has(&refused(&inst), &[&format!("outside the instance's root {} (the git", repo.join("apps").display())]);
+}

@@ -50,6 +50,8 @@ pub fn up_request(
                     target_stage: b.target.clone().unwrap_or_default(),
                     shared: b.shared,
                     dockerfile_digest,
+                    // As the CLI sends it: what the coordinator recomputes the address from.
+                    dockerfile_path: b.dockerfile.rel().to_string(),
                 }
             }
             ImageSpec::Brought(r) | ImageSpec::Pinned(r) => pb::ImageSpec {

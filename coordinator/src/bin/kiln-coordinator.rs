@@ -150,6 +150,10 @@ struct ServeArgs {
     /// (repeatable).
     #[arg(long = "custom-resource", value_name = "GROUP/VERSION/KIND/PLURAL")]
     custom_resources: Vec<kiln_coordinator::kube::CustomResource>,
+    /// The most bytes one context upload may carry (default 8 GiB); a bigger one is refused as it
+    /// passes the limit, and nothing of it is kept.
+    #[arg(long, value_name = "BYTES", default_value_t = kiln_coordinator::DEFAULT_MAX_UPLOAD_BYTES, env = "KILN_MAX_UPLOAD_BYTES")]
+    max_upload_bytes: u64,
 }
 
 /// `90s`, `30m`, `12h`, `30d`, or bare seconds.
@@ -368,6 +372,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config.tls = Some(tls_material(&args, &state)?);
     }
     println!("listening on {local}");
+    config.max_upload_bytes = args.max_upload_bytes;
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await

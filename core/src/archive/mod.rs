@@ -16,7 +16,7 @@
 mod unpack;
 mod ustar;
 
-pub use unpack::{unpack, verify, Unpacked};
+pub use unpack::{unpack, verify, Unpacked, ENTRY_METADATA_MAX};
 
 use crate::digest::{EntryKind, StreamHasher, Tree, TreeDigest};
 use std::ffi::OsStr;
@@ -52,8 +52,22 @@ pub enum ArchiveError {
         #[source]
         err: io::Error,
     },
+    #[error(
+        "archive entry after {after}: the headers and pax or long-name records of the next entry exceed {} — \
+         a canonical archive needs a few KiB there; refused, nothing was built from it",
+        kib(*limit)
+    )]
+    MetadataTooLarge { after: String, limit: u64 },
     #[error("archive holds tree {actual}, but {expected} was claimed — refused; re-upload the context (`kiln pack`) so its digest matches")]
     DigestMismatch { expected: TreeDigest, actual: TreeDigest },
+}
+
+/// `1 MiB`, `64 KiB`: a limit as a reader would write it.
+fn kib(bytes: u64) -> String {
+    match bytes % (1 << 20) {
+        0 => format!("{} MiB", bytes >> 20),
+        _ => format!("{} KiB", bytes.div_ceil(1024)),
+    }
 }
 
 /// What [`pack`] wrote: the digest of the entries as read while packing, and the archive's size.

@@ -10,11 +10,13 @@ use toml::Spanned;
 use super::error::{ManifestError, Problem};
 use super::raw::RawBuilt;
 use super::resolve::Ctx;
+use super::root::Root;
 use super::{BuiltImage, DockerfileLoc, Target};
 use crate::refs;
 
 pub(super) fn resolve_built(
     ctx: &Ctx<'_>,
+    root: &Root,
     instance: &str,
     target: &Target,
     name: &str,
@@ -43,8 +45,10 @@ pub(super) fn resolve_built(
     let context = std::fs::canonicalize(&joined).map_err(|err| {
         at_context(Problem::Unresolvable { image: image(), key: "context", given: given.clone(), looked, err })
     })?;
+    // After canonicalize, so a symlinked context is judged by where it really is.
+    root.contain(ctx, context_raw.span(), "context", section(name), &given, &context)?;
 
-    let dockerfile = resolve_dockerfile(ctx, name, &context, &given, raw.dockerfile.as_ref(), span.clone())?;
+    let dockerfile = resolve_dockerfile(ctx, root, name, &context, &given, raw.dockerfile.as_ref(), span.clone())?;
 
     let mut args = BTreeMap::new();
     if let Some(raw_args) = raw.args {
@@ -96,6 +100,7 @@ fn check_repository(target: &Target, repository: &str, image: &str) -> Result<()
 
 fn resolve_dockerfile(
     ctx: &Ctx<'_>,
+    root: &Root,
     name: &str,
     context: &Path,
     context_given: &str,
@@ -141,6 +146,7 @@ fn resolve_dockerfile(
         let problem = Problem::Unresolvable { image: image(), key: "dockerfile", given: given(), looked, err };
         ctx.at(problem_span.clone(), problem)
     })?;
+    root.contain(ctx, problem_span, "dockerfile", section(name), &given(), &path)?;
     let rel = relative_from(context, &path);
     // A path the walk cannot name as UTF-8 is treated as outside: its contents then enter the
     // address directly instead of relying on the walk to cover it.
@@ -151,6 +157,10 @@ fn resolve_dockerfile(
             Ok(DockerfileLoc::Outside { path, rel })
         }
     }
+}
+
+fn section(name: &str) -> String {
+    super::raw::section("built", name)
 }
 
 /// `raw` joined to the manifest's folder; absolute paths are refused so a manifest means the same
@@ -171,7 +181,7 @@ fn relative_path(
 
 /// The `/`-separated path from directory `base` to `target` (both absolute and resolved), with
 /// `..` where it climbs; `None` when a component is not UTF-8.
-fn relative_from(base: &Path, target: &Path) -> Option<String> {
+pub(super) fn relative_from(base: &Path, target: &Path) -> Option<String> {
     let base: Vec<Component<'_>> = base.components().collect();
     let target: Vec<Component<'_>> = target.components().collect();
     let common = base.iter().zip(&target).take_while(|(a, b)| a == b).count();

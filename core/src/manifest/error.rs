@@ -3,6 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use super::root::RootOrigin;
 use crate::refs::{PlatformError, RefError};
 
 /// A manifest that cannot be used. Displays as `<file>:<line>: <problem>` (or `<file>: <problem>`
@@ -117,6 +118,27 @@ pub enum Problem {
         #[source]
         err: std::io::Error,
     },
+    /// A context or Dockerfile resolving outside the instance's root. Boxed: it is the largest problem.
+    #[error("{0}")]
+    OutsideRoot(Box<Escape>),
+    #[error("root {given:?} must be relative to the manifest's folder, e.g. root = \"../..\"")]
+    AbsoluteRoot { given: String },
+    #[error("root {given:?} is not a directory ({})", looked.display())]
+    RootNotDir { given: String, looked: PathBuf },
+    #[error("cannot resolve root {given:?} ({})", looked.display())]
+    RootUnresolvable {
+        given: String,
+        looked: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error(
+        "root {given:?} resolves to {}, which does not hold the manifest's folder {} — name a folder the manifest \
+         lies in, e.g. root = \"..\"",
+        resolved.display(),
+        folder.display()
+    )]
+    RootNotAbove { given: String, resolved: PathBuf, folder: PathBuf },
     #[error("built image {image:?}: build arg {key:?} is invalid — a name must be non-empty, without '=' or spaces")]
     BadArg { image: String, key: String },
     #[error(
@@ -144,4 +166,38 @@ pub enum Problem {
     },
     #[error("pinned image {image:?} needs a digest: write ref = \"{given}@sha256:…\"")]
     PinnedWithoutDigest { image: String, given: String },
+}
+
+/// A path of the manifest that resolves outside the instance's root, and the `root` that would hold it.
+#[derive(Debug)]
+pub struct Escape {
+    /// `context` or `dockerfile`.
+    pub key: &'static str,
+    /// `[built.<name>]`.
+    pub section: String,
+    /// The path as the manifest gives it.
+    pub given: String,
+    /// Where it resolves, symlinks followed.
+    pub resolved: PathBuf,
+    pub root: PathBuf,
+    pub origin: RootOrigin,
+    /// The `root` value, relative to the manifest's folder, that would hold both.
+    pub widen: String,
+}
+
+impl fmt::Display for Escape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:?} of {} resolves to {}, outside the instance's root {} ({}) — move it inside, or widen the root \
+             with root = {:?}",
+            self.key,
+            self.given,
+            self.section,
+            self.resolved.display(),
+            self.root.display(),
+            self.origin,
+            self.widen
+        )
+    }
 }

@@ -12,6 +12,10 @@
 //!                                   # letter, ending with a letter or digit, at most 63 characters
 //! platforms = ["linux/amd64"]       # optional: os/arch[/variant] or arch[/variant];
 //!                                   # default: linux on this host's architecture
+//! root = "../.."                    # optional, relative to this file's folder, which it must hold:
+//!                                   # every context and Dockerfile must resolve (symlinks followed)
+//!                                   # inside it; default: the enclosing git work tree (the nearest
+//!                                   # folder upward holding .git), else this file's folder
 //!
 //! [target]                          # required: where the images go
 //! kind = "registry"                 # required: "registry" | "kind" | "nodes" | "local"
@@ -23,9 +27,11 @@
 //! # mirror_registry = "mirror.internal:5000/upstream"  # optional: where pinned images are re-homed
 //!
 //! [built.api]                       # an image Kiln builds; the name is lowercase letters, digits, '-'
-//! context = "services/api"          # required: a directory, relative to this file's folder
+//! context = "services/api"          # required: a directory, relative to this file's folder,
+//!                                   # inside the root
 //! dockerfile = "services/api/Dockerfile"  # optional, relative to this file's folder;
-//!                                   # default <context>/Dockerfile; may lie outside the context
+//!                                   # default <context>/Dockerfile; may lie outside the context,
+//!                                   # never outside the root
 //! args = { VERSION = "1" }          # optional build args
 //! target = "runtime"                # optional build stage
 //! shared = false                    # optional: true marks a base many instances use
@@ -48,12 +54,14 @@ mod built;
 mod error;
 mod raw;
 mod resolve;
+mod root;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-pub use error::{ManifestError, Problem};
+pub use error::{Escape, ManifestError, Problem};
+pub use root::RootOrigin;
 
 use crate::digest::{digest_dir, DigestError, Tree, TreeDigest, WalkOptions};
 use crate::refs::{image_address, AddressInputs, ImageAddress, ImageRef, PlatformSet};
@@ -70,6 +78,9 @@ pub struct Manifest {
     /// The team that owns the instance on a farm (`team = "payments"`); without one, the user who
     /// first converges it does.
     pub team: Option<String>,
+    /// The folder every context and Dockerfile must resolve inside (absolute, symlinks resolved):
+    /// `root = "…"`, else the enclosing git work tree, else the manifest's folder.
+    pub root: PathBuf,
     pub platforms: PlatformSet,
     pub target: Target,
     /// The Kubernetes namespace of the `kiln-images` ConfigMap, when set.

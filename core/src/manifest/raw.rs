@@ -13,7 +13,7 @@ use toml::Spanned;
 
 use super::error::Problem;
 
-pub(super) const TOP_KEYS: &[&str] = &["instance", "team", "platforms", "target", "built", "brought", "pinned"];
+pub(super) const TOP_KEYS: &[&str] = &["instance", "team", "platforms", "target", "built", "brought", "pinned", "root"];
 pub(super) const TARGET_KEYS: &[&str] = &["kind", "registry", "cluster", "namespace", "mirror_registry"];
 pub(super) const BUILT_KEYS: &[&str] = &["context", "dockerfile", "args", "target", "shared", "repository"];
 pub(super) const REF_KEYS: &[&str] = &["ref"];
@@ -24,6 +24,7 @@ pub(super) struct RawManifest {
     pub instance: Option<Spanned<String>>,
     pub team: Option<Spanned<String>>,
     pub platforms: Option<Spanned<Vec<Spanned<String>>>>,
+    pub root: Option<Spanned<String>>,
     pub target: Option<Spanned<RawTarget>>,
     #[serde(default)]
     pub built: BTreeMap<Spanned<String>, Spanned<RawBuilt>>,

@@ -9,6 +9,7 @@ use toml::Spanned;
 use super::built::resolve_built;
 use super::error::{ManifestError, Problem};
 use super::raw::{self, RawBuilt, RawRef, RawTarget};
+use super::root::resolve_root;
 use super::{Image, ImageSpec, Manifest, RegistryPath, Target};
 use crate::refs::{self, ImageRef, Platform, PlatformSet};
 
@@ -51,6 +52,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         None => None,
     };
     let platforms = resolve_platforms(&ctx, raw.platforms)?;
+    let root = resolve_root(&ctx, raw.root.as_ref())?;
     let (target, namespace, mirror_registry) = resolve_target(&ctx, raw.target)?;
 
     let mut entries: Vec<(&'static str, Spanned<String>, Range<usize>, Body)> = Vec::new();
@@ -81,7 +83,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
             return Err(ctx.at(name_spanned.span(), problem));
         }
         let spec = match body {
-            Body::Built(built) => ImageSpec::Built(resolve_built(&ctx, &instance, &target, &name, span, built)?),
+            Body::Built(built) => ImageSpec::Built(resolve_built(&ctx, &root, &instance, &target, &name, span, built)?),
             Body::Ref(r) if kind == "brought" => ImageSpec::Brought(resolve_ref(&ctx, kind, &name, span, r)?),
             Body::Ref(r) => ImageSpec::Pinned(resolve_ref(&ctx, kind, &name, span, r)?),
         };
@@ -92,6 +94,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         path: manifest_path.to_path_buf(),
         instance,
         team,
+        root: root.path,
         platforms,
         target,
         namespace,

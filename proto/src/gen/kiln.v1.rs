@@ -166,8 +166,10 @@ pub struct ImageSpec {
     pub name: ::prost::alloc::string::String,
     #[prost(enumeration = "image_spec::Kind", tag = "2")]
     pub kind: i32,
-    /// The content ref for a built image (computed by the CLI, re-derived by nobody: the agent
-    /// verifies the context digest instead); the user's ref for brought and pinned ones.
+    /// The content ref for a built image: computed by the CLI, recomputed by the coordinator from the
+    /// fields below (the context digest is verified on upload and again by the agent), and refused
+    /// unless it is exactly that address in the target's registry. The user's ref for brought and
+    /// pinned ones.
     #[prost(string, tag = "3")]
     pub reference: ::prost::alloc::string::String,
     /// Built only: the context's tree digest (64 hex), and how to build it.
@@ -189,10 +191,16 @@ pub struct ImageSpec {
     pub shared: bool,
     /// blake3 (64 hex) of the Dockerfile's bytes, inside the context or outside it: lets the
     /// coordinator say "Dockerfile changed" apart from the rest of the context. Empty from an older CLI.
-    ///
-    /// NextId: 11
     #[prost(string, tag = "10")]
     pub dockerfile_digest: ::prost::alloc::string::String,
+    /// Built only: the Dockerfile path the address hashed, relative to the context — `dockerfile` for
+    /// one inside it, `../worker.Dockerfile` for one outside (whose contents travel in
+    /// `dockerfile_outside`). Empty from an older CLI: the coordinator then takes `dockerfile`, and
+    /// refuses an outside Dockerfile, whose address it could not recompute.
+    ///
+    /// NextId: 12
+    #[prost(string, tag = "11")]
+    pub dockerfile_path: ::prost::alloc::string::String,
 }
 /// Nested message and enum types in `ImageSpec`.
 pub mod image_spec {

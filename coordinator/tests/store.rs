@@ -74,8 +74,11 @@ async fn a_newer_schema_is_refused_naming_the_file_and_both_versions() {
 
     let err = SqliteStore::open(&path).unwrap_err();
     match &err {
-        StoreError::SchemaTooNew { path: p, found, known } => {
-            assert_eq!((p.as_path(), *found, *known), (path.as_path(), newer, SCHEMA_VERSION));
+        StoreError::SchemaTooNew { database, found, known } => {
+            assert_eq!(
+                (database.as_str(), *found, *known),
+                (path.display().to_string().as_str(), newer, SCHEMA_VERSION)
+            );
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }

@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use clap::Parser;
+use kiln_coordinator::Config;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -17,9 +18,14 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070", env = "KILN_LISTEN")]
     listen: String,
-    /// Directory of the coordinator's state (SQLite file and context store).
-    #[arg(long, env = "KILN_STATE")]
-    state: PathBuf,
+    /// Where the coordinator's state lives: a directory (its SQLite file and context store), or a
+    /// farm's PostgreSQL database, `postgres://user:password@host:port/database`, that several
+    /// coordinators share (one is active; the others stand by).
+    #[arg(long, env = "KILN_STATE", value_name = "DIR|postgres://…")]
+    state: String,
+    /// With a PostgreSQL --state: the directory of the context store and the image relay's spool.
+    #[arg(long, env = "KILN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
     /// The farm's name: every image this coordinator builds is labeled with it.
     #[arg(long, env = "KILN_FARM")]
     farm: String,
@@ -34,6 +40,11 @@ struct Args {
     /// (repeatable).
     #[arg(long = "custom-resource", value_name = "GROUP/VERSION/KIND/PLURAL")]
     custom_resources: Vec<kiln_coordinator::kube::CustomResource>,
+}
+
+/// `postgres://…` or `postgresql://…`, as libpq spells them; anything else is a directory.
+fn is_database_url(state: &str) -> bool {
+    state.starts_with("postgres://") || state.starts_with("postgresql://")
 }
 
 #[tokio::main]
@@ -52,7 +63,16 @@ async fn main() -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     println!("listening on {}", listener.local_addr()?);
-    let mut config = kiln_coordinator::Config::new(args.state, args.farm);
+    let mut config = match (is_database_url(&args.state), args.data_dir) {
+        (true, Some(dir)) => Config { database: Some(args.state), ..Config::new(dir, args.farm) },
+        (true, None) => anyhow::bail!(
+            "--state is a PostgreSQL database: give --data-dir DIR too, for the context store and the relay's spool"
+        ),
+        (false, None) => Config::new(args.state, args.farm),
+        (false, Some(_)) => anyhow::bail!(
+            "--data-dir is only for a PostgreSQL --state; with a directory --state, everything lives in it"
+        ),
+    };
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await

@@ -117,6 +117,18 @@ impl Drop for Held {
     }
 }
 
+/// This process's name as a lease holder: `<hostname>/<pid>`, so an operator reading the lease
+/// row knows which process to look at.
+pub fn holder_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "coordinator".to_owned());
+    format!("{host}/{}", std::process::id())
+}
+
 /// Stands by until this coordinator holds the farm's lease, then renews it in the background.
 /// Returns at once on SQLite, where leadership is always held.
 pub async fn lead(store: Arc<dyn Store>, holder: &str, addr: &str, policy: LeasePolicy) -> Result<Held, StoreError> {

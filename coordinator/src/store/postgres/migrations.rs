@@ -127,7 +127,7 @@ pub(super) async fn migrate(client: &mut Object, database: &str, now_ms: u64) ->
         // The version is re-read under the lock: two coordinators starting on one fresh database
         // must not both apply the same migration.
         tx.batch_execute(&format!(
-            "SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
+            "SET LOCAL client_min_messages = warning; SELECT pg_advisory_xact_lock({MIGRATION_LOCK}); \
              CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at BIGINT NOT NULL)"
         ))
         .await

@@ -25,6 +25,18 @@
 //! Time: stamps (`written_at_ms`, `started_ms`, events' `at_ms`) come from the injected [`Clock`],
 //! as on SQLite; the lease's expiry is the database's clock (`clock_timestamp()`), the one clock
 //! every coordinator reads alike.
+//!
+//! Contexts' bytes are not rows: only the context index is here, and the archives stay files in a
+//! content-addressed directory (`--data-dir`), which a farm puts on storage every coordinator
+//! mounts (NFS, a ReadWriteMany volume) so they survive the loss of one coordinator's disk. They
+//! are immutable and named by their digest, so coordinators sharing the directory need no locks
+//! (a temp file renamed into place; two writers of one digest write the same bytes). In the
+//! database they would cost more than they give: `bytea` values are read and written whole
+//! (a 500 MB context held in memory twice), large objects stream but live outside the tables'
+//! lifecycle (unlinked by hand, vacuumed apart), and either way every uploaded byte would be
+//! written again to the WAL and to every replica — uploads are the converge's hot path. A
+//! coordinator that lacks a file the index names asks for it again (`Contexts::missing` checks
+//! the file too), so an unshared directory costs re-uploads after a takeover, never a wrong build.
 
 mod catalog;
 mod claims;

@@ -874,6 +874,52 @@ mod postgres_only {
         assert_eq!(lost, Lost::Superseded { current: token_a + 2, active: Some("10.0.0.3:7070".into()) });
     }
 
+    /// `serve` on a farm's database (`kiln-coordinator --state postgres://…`): the second
+    /// coordinator stands by while the first serves, and leads once the first stops cleanly.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_served_coordinator_stands_by_until_the_first_stops() {
+        let backend = Backend::postgres().await;
+        let Backend::Postgres { db } = &backend else { unreachable!() };
+        let observer = backend.open(&clock()).await;
+        let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let start = |dir: &TempDir| {
+            let mut config = kiln_coordinator::Config::new(dir.path(), "farm-pg");
+            config.database = Some(db.url.clone());
+            config.lease = LeasePolicy {
+                ttl: LONG,
+                renew_every: Duration::from_millis(50),
+                poll_every: Duration::from_millis(20),
+            };
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let served = tokio::spawn(kiln_coordinator::serve(listener, config, async move {
+                let _ = stopped.await;
+            }));
+            (addr, stop, served)
+        };
+        let leader_is = async |addr: &str| {
+            let deadline = Instant::now() + PATIENCE;
+            while observer.current_leader().await.unwrap().map(|l| l.addr).as_deref() != Some(addr) {
+                assert!(Instant::now() < deadline, "{addr} never led");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+
+        let (addr_a, stop_a, served_a) = start(&dirs.0);
+        leader_is(&addr_a).await;
+        let (addr_b, stop_b, served_b) = start(&dirs.1);
+        assert!(!served_b.is_finished(), "B stands by rather than failing");
+        stop_a.send(()).unwrap();
+        served_a.await.unwrap().expect("A stops cleanly, resigning its lease");
+        leader_is(&addr_b).await;
+        stop_b.send(()).unwrap();
+        served_b.await.unwrap().expect("B stops cleanly");
+        assert_eq!(observer.current_leader().await.unwrap(), None, "B resigned too");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn coordinators_starting_together_on_a_fresh_database_migrate_it_once() {
         let backend = Backend::postgres().await;
@@ -911,8 +957,8 @@ mod postgres_only {
 }
 
 /// Per-call latency of the hot store calls on both backends: medians and 90th percentiles over
-/// 1,000 calls each, PostgreSQL with its default, durable settings (fsync on) on loopback, the
-/// handle leading (so every write is fenced). A measurement, not a test; run it with
+/// 1,000 calls each, PostgreSQL with its default, durable settings (fsync on) on loopback and again
+/// with fsync off, the handle leading (so every write is fenced). A measurement, not a test; run it with
 /// `cargo test --release -p kiln-coordinator --test store -- --ignored --nocapture latency`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run it explicitly"]
@@ -922,7 +968,10 @@ async fn latency_of_key_calls() {
     let cluster = Postgres::start_durable();
     let db = cluster.create_database().await;
     let postgres: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
-    for (name, store) in [("sqlite", sqlite), ("postgres", postgres)] {
+    // The same on the test cluster (fsync off): what the round trips and the locks cost alone.
+    let db = Postgres::shared().create_database().await;
+    let unsynced: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
+    for (name, store) in [("sqlite", sqlite), ("postgres", postgres), ("postgres, fsync off", unsynced)] {
         store.try_acquire_leadership("bench", "127.0.0.1:0", Duration::from_secs(600)).await.unwrap().unwrap();
         const N: usize = 1000;
         let images: Vec<RecordedImage> =
@@ -944,7 +993,7 @@ async fn latency_of_key_calls() {
             drop(store.append_event(&converge.id, EventKind::BuildLog, Some("api"), "a line").await.unwrap())
         })
         .await;
-        println!("{name:8}  record {}  write_record {}  open_converge {}  append_event {}", read, write, open, append);
+        println!("{name:20} record {read}  write_record {write}  open_converge {open}  append_event {append}");
     }
 }
 

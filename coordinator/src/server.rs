@@ -6,7 +6,7 @@ use crate::contexts::{ContentService, Contexts};
 use crate::engine::Engine;
 use crate::hub::{Hub, HubService};
 use crate::relay::{Relay, RelayService};
-use crate::store::{SqliteStore, Store};
+use crate::store::leadership::{self, LeasePolicy, Lost};
 use kiln_proto::v1 as pb;
 use std::future::Future;
 use std::path::PathBuf;
@@ -18,6 +18,11 @@ use std::time::Duration;
 pub struct Config {
     /// Where the SQLite state and the content-addressed context store live.
     pub state_dir: PathBuf,
+    /// The farm's PostgreSQL database (`--state postgres://…`), instead of SQLite in `state_dir`;
+    /// the context store and the relay's spool stay in `state_dir`.
+    pub database: Option<String>,
+    /// The lease by which one of a farm's coordinators is active (trivially held on SQLite).
+    pub lease: LeasePolicy,
     /// The farm id every image this coordinator builds is labeled with (`kiln.dev/farm`).
     pub farm: String,
     /// How long a converge's claim on its refs lives without renewal.
@@ -63,6 +68,8 @@ impl Config {
     pub fn new(state_dir: impl Into<PathBuf>, farm: impl Into<String>) -> Config {
         Config {
             state_dir: state_dir.into(),
+            database: None,
+            lease: LeasePolicy::default(),
             farm: farm.into(),
             claim_lease: Duration::from_secs(600),
             agent_lease: Duration::from_secs(30),
@@ -98,9 +105,14 @@ pub enum ServeError {
     Transport(#[source] tonic::transport::Error),
     #[error("the TLS material is not usable")]
     Tls(#[source] tonic::transport::Error),
+    #[error("this coordinator stopped serving: its lease on the farm was {0}; restart it to stand by")]
+    Lost(Lost),
 }
 
 /// Serves the coordinator's gRPC services on `listener` until `shutdown` resolves.
+///
+/// On a farm's PostgreSQL state, it first stands by until it holds the farm's lease, and stops
+/// serving if the lease is lost (the store refuses its writes from then on anyway).
 ///
 /// At start every converge the state still shows running is marked failed: its coordinator died
 /// under it. Its claims are left to expire on their lease, so a sweep cannot take what it was
@@ -111,8 +123,17 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let dir = config.state_dir.clone();
-    let store = SqliteStore::open(dir.join("kiln.db")).map_err(|err| ServeError::State { dir: dir.clone(), err })?;
-    let store: Arc<dyn Store> = Arc::new(store);
+    let state_err = |err| ServeError::State { dir: dir.clone(), err };
+    let store = crate::store::open(&dir, config.database.as_deref()).await.map_err(state_err)?;
+    // A read-only coordinator changes nothing, so it takes no lease: it serves beside the leader.
+    let held = match config.read_only {
+        true => None,
+        false => {
+            let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            let holder = leadership::holder_id();
+            Some(leadership::lead(store.clone(), &holder, &addr, config.lease).await.map_err(state_err)?)
+        }
+    };
     if !config.read_only {
         let failed = store
             .fail_in_flight("the coordinator restarted while it ran")
@@ -157,6 +178,7 @@ pub async fn serve(
     // Windows larger than one 1 MiB upload chunk, so a context streams without stalling; frames up
     // to 1 MiB, so a chunk crosses in one frame instead of sixty-four (+17 % upload throughput).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let mut lost = None;
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         // Client certificates are optional at the handshake: users come with tokens, agents with
@@ -183,7 +205,28 @@ pub async fn serve(
         .add_service(pb::agent_hub_server::AgentHubServer::new(HubService { hub }))
         .add_service(pb::image_relay_server::ImageRelayServer::new(RelayService { relay }))
         .add_service(pb::enrollment_server::EnrollmentServer::new(enrollment))
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming, async {
+            let lost_lease = async {
+                match &held {
+                    Some(held) => held.lost().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown => {}
+                reason = lost_lease => lost = Some(reason),
+            }
+        })
         .await
-        .map_err(ServeError::Transport)
+        .map_err(ServeError::Transport)?;
+    if let Some(lost) = lost {
+        return Err(ServeError::Lost(lost));
+    }
+    // A clean stop hands the lease on at once; if that fails, a standby waits out the TTL.
+    if let Some(held) = held {
+        if let Err(err) = held.resign().await {
+            tracing::warn!(error = %kiln_core::error_chain(&err), "could not resign the farm's lease");
+        }
+    }
+    Ok(())
 }

@@ -1,28 +1,184 @@
-//! The SQLite store against a real database file in a temp dir: migrations, the record
-//! compare-and-set, one running converge per instance, claims on a lease, event logs, the context
-//! index, and what survives a restart (drop the store, reopen the file).
+//! The state store's one test suite, run against both backends: SQLite in a file in a temp dir, and
+//! PostgreSQL in a database of its own in the test binary's throwaway cluster
+//! (`kiln_e2e::postgres`). Each test body is written once against a [`Backend`]; `suite!` makes it
+//! two tests, `sqlite::<name>` and `postgres::<name>`. Covered: migrations, the record
+//! compare-and-set, one running converge per instance (also between two handles racing), claims on
+//! a lease, event logs, pins, the context index, agents and inventories, leadership, and what
+//! survives a restart (drop the handle, open the same database again).
+//!
+//! Below the suite: what only PostgreSQL has — fencing between coordinators that share a farm,
+//! migration by coordinators starting together, connection errors — and SQLite's trivially held
+//! leadership. PostgreSQL missing fails these tests loudly (run `bash scripts/setup`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kiln_coordinator::model::{
     AgentId, AgentRole, AgentRow, ContextRow, ConvergeId, ConvergeState, EventKind, Generation, RecordedImage,
     RecordedKind,
 };
-use kiln_coordinator::store::{Clock, ManualClock, SqliteStore, Store, StoreError, SCHEMA_VERSION};
+use kiln_coordinator::store::{
+    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, Store, StoreError, POSTGRES_SCHEMA_VERSION,
+    SCHEMA_VERSION,
+};
+use kiln_e2e::postgres::{Database, Postgres};
 use tempfile::TempDir;
 
 const T0: u64 = 1_750_000_000_000;
 
-fn temp_db() -> (TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    // A directory that does not exist yet: open creates it, as it must for a fresh $KILN_HOME.
-    let path = dir.path().join("home").join("state.db");
-    (dir, path)
+/// Where one test's state lives.
+enum Backend {
+    Sqlite { _dir: TempDir, path: PathBuf },
+    Postgres { db: Database },
 }
 
-fn open_at(path: &Path, clock: &Arc<ManualClock>) -> SqliteStore {
-    SqliteStore::open_with_clock(path, clock.clone()).unwrap()
+impl Backend {
+    fn sqlite() -> Backend {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory that does not exist yet: open creates it, as it must for a fresh $KILN_HOME.
+        let path = dir.path().join("home").join("state.db");
+        Backend::Sqlite { _dir: dir, path }
+    }
+
+    async fn postgres() -> Backend {
+        Backend::Postgres { db: Postgres::shared().create_database().await }
+    }
+
+    /// A new handle on the test's database — a new connection (a new pool on PostgreSQL), as a
+    /// restarted coordinator or a second one would have.
+    async fn open(&self, clock: &Arc<ManualClock>) -> Arc<dyn Store> {
+        self.try_open(clock).await.unwrap().0
+    }
+
+    /// [`Backend::open`], with the migrations the open applied.
+    async fn try_open(&self, clock: &Arc<ManualClock>) -> Result<(Arc<dyn Store>, Vec<u32>), StoreError> {
+        Ok(match self {
+            Backend::Sqlite { path, .. } => {
+                let store = SqliteStore::open_with_clock(path, clock.clone())?;
+                let applied = store.migrations_applied().to_vec();
+                (Arc::new(store), applied)
+            }
+            Backend::Postgres { db } => {
+                let store = PostgresStore::connect_with_clock(&db.url, clock.clone()).await?;
+                let applied = store.migrations_applied().to_vec();
+                (Arc::new(store), applied)
+            }
+        })
+    }
+
+    fn schema_version(&self) -> u32 {
+        match self {
+            Backend::Sqlite { .. } => SCHEMA_VERSION,
+            Backend::Postgres { .. } => POSTGRES_SCHEMA_VERSION,
+        }
+    }
+
+    /// The database as errors name it: the file, or the URL without a password.
+    fn name(&self) -> String {
+        match self {
+            Backend::Sqlite { path, .. } => path.display().to_string(),
+            Backend::Postgres { db } => db.url.clone(),
+        }
+    }
+
+    /// Runs raw SQL (written to mean the same on both) behind the store's back.
+    async fn execute(&self, sql: &str) {
+        match self {
+            Backend::Sqlite { path, .. } => {
+                rusqlite::Connection::open(path).unwrap().execute_batch(sql).unwrap();
+            }
+            Backend::Postgres { db } => raw_postgres(db).await.batch_execute(sql).await.unwrap(),
+        }
+    }
+
+    /// Every row of a query of two integer columns.
+    async fn pairs(&self, sql: &str) -> Vec<(i64, i64)> {
+        match self {
+            Backend::Sqlite { path, .. } => {
+                let raw = rusqlite::Connection::open(path).unwrap();
+                let mut stmt = raw.prepare(sql).unwrap();
+                stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().collect::<Result<_, _>>().unwrap()
+            }
+            Backend::Postgres { db } => {
+                let rows = raw_postgres(db).await.query(sql, &[]).await.unwrap();
+                rows.iter().map(|r| (integer(r, 0), integer(r, 1))).collect()
+            }
+        }
+    }
+
+    /// A query's one integer.
+    async fn count(&self, sql: &str) -> i64 {
+        match self {
+            Backend::Sqlite { path, .. } => {
+                rusqlite::Connection::open(path).unwrap().query_row(sql, [], |r| r.get(0)).unwrap()
+            }
+            Backend::Postgres { db } => integer(&raw_postgres(db).await.query_one(sql, &[]).await.unwrap(), 0),
+        }
+    }
+}
+
+async fn raw_postgres(db: &Database) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&db.url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// An integer column of PostgreSQL's, whichever width it has.
+fn integer(row: &tokio_postgres::Row, i: usize) -> i64 {
+    row.try_get::<_, i64>(i).or_else(|_| row.try_get::<_, i32>(i).map(i64::from)).unwrap()
+}
+
+/// Each body becomes `sqlite::<name>` and `postgres::<name>`.
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::sqlite()).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::postgres().await).await
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    migrations_apply_once_and_reopen_is_a_no_op,
+    a_newer_schema_is_refused_naming_the_database_and_both_versions,
+    the_first_record_from_none_is_generation_1,
+    a_stale_expected_generation_is_refused_and_changes_nothing,
+    current_and_previous_follow_writes_and_older_generations_are_pruned,
+    delete_removes_the_record_and_generations_never_repeat,
+    records_claims_events_and_converges_survive_a_restart,
+    a_converge_running_at_restart_is_failed_with_an_event_and_its_claims_wait_for_their_lease,
+    a_second_converge_of_a_running_instance_is_refused_naming_the_running_one,
+    two_handles_never_both_record_or_both_run,
+    claims_expire_by_lease_renew_extends_them_and_release_removes_them,
+    only_a_running_converge_may_claim,
+    a_converge_finishes_once_and_never_as_running,
+    events_come_back_in_seq_order_and_after_seq_resumes,
+    an_event_kind_written_by_a_newer_kiln_still_replays,
+    sixteen_concurrent_appends_get_distinct_gap_free_seqs,
+    converges_list_newest_first_per_instance_and_within_limit,
+    missing_contexts_returns_exactly_the_unknown_ones,
+    contexts_are_listed_and_collected_only_when_unclaimed,
+    the_builder_of_a_ref_is_the_converge_that_last_started_building_it,
+    agents_and_inventories_are_replaced_by_their_key,
+    pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned,
+    a_lone_coordinator_leads_writes_renews_and_resigns,
+);
+
+fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::new(T0))
 }
 
 fn built(name: &str, reference: &str) -> RecordedImage {
@@ -42,53 +198,43 @@ fn refs(names: &[&str]) -> Vec<String> {
     names.iter().map(|n| n.to_string()).collect()
 }
 
-#[tokio::test]
-async fn migrations_apply_once_and_reopen_is_a_no_op() {
-    let (_dir, path) = temp_db();
+async fn migrations_apply_once_and_reopen_is_a_no_op(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
-    let all: Vec<u32> = (1..=SCHEMA_VERSION).collect();
-    assert_eq!(store.migrations_applied(), all.as_slice());
+    let (store, applied) = backend.try_open(&clock).await.unwrap();
+    let all: Vec<u32> = (1..=backend.schema_version()).collect();
+    assert_eq!(applied, all);
     drop(store);
 
     clock.advance(60_000);
-    let store = open_at(&path, &clock);
-    assert!(store.migrations_applied().is_empty(), "reopen applied {:?}", store.migrations_applied());
+    let (store, applied) = backend.try_open(&clock).await.unwrap();
+    assert!(applied.is_empty(), "reopen applied {applied:?}");
     drop(store);
 
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    let mut stmt = raw.prepare("SELECT version, applied_at FROM schema_migrations ORDER BY version").unwrap();
-    let rows: Vec<(u32, u64)> =
-        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap().collect::<Result<_, _>>().unwrap();
-    assert_eq!(rows, all.iter().map(|&v| (v, T0)).collect::<Vec<_>>(), "each version once, stamped at first open");
+    let rows = backend.pairs("SELECT version, applied_at FROM schema_migrations ORDER BY version").await;
+    let expected: Vec<(i64, i64)> = all.iter().map(|&v| (i64::from(v), T0 as i64)).collect();
+    assert_eq!(rows, expected, "each version once, stamped at first open");
 }
 
-#[tokio::test]
-async fn a_newer_schema_is_refused_naming_the_file_and_both_versions() {
-    let (_dir, path) = temp_db();
-    drop(SqliteStore::open(&path).unwrap());
-    let newer = SCHEMA_VERSION + 5;
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    raw.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?1, 0)", [newer]).unwrap();
-    drop(raw);
+async fn a_newer_schema_is_refused_naming_the_database_and_both_versions(backend: Backend) {
+    drop(backend.open(&clock()).await);
+    let (known, newer) = (backend.schema_version(), backend.schema_version() + 5);
+    backend.execute(&format!("INSERT INTO schema_migrations (version, applied_at) VALUES ({newer}, 0)")).await;
 
-    let err = SqliteStore::open(&path).unwrap_err();
+    let err = backend.try_open(&clock()).await.map(|_| ()).unwrap_err();
     match &err {
-        StoreError::SchemaTooNew { path: p, found, known } => {
-            assert_eq!((p.as_path(), *found, *known), (path.as_path(), newer, SCHEMA_VERSION));
+        StoreError::SchemaTooNew { database, found, known: k } => {
+            assert_eq!((database.as_str(), *found, *k), (backend.name().as_str(), newer, known));
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
     let message = err.to_string();
-    for needle in [path.display().to_string(), newer.to_string(), SCHEMA_VERSION.to_string(), "upgrade kiln".into()] {
+    for needle in [backend.name(), newer.to_string(), known.to_string(), "upgrade kiln".into()] {
         assert!(message.contains(&needle), "{message:?} lacks {needle:?}");
     }
 }
 
-#[tokio::test]
-async fn the_first_record_from_none_is_generation_1() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn the_first_record_from_none_is_generation_1(backend: Backend) {
+    let store = backend.open(&clock()).await;
     assert_eq!(store.record("shop").await.unwrap(), None);
     let images = vec![built("api", "shop-api:4a77b1c2d3e4-amd64")];
     let generation = store.write_record("shop", None, images.clone()).await.unwrap();
@@ -98,10 +244,8 @@ async fn the_first_record_from_none_is_generation_1() {
     assert_eq!(store.previous_record("shop").await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn a_stale_expected_generation_is_refused_and_changes_nothing() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn a_stale_expected_generation_is_refused_and_changes_nothing(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let first = vec![built("api", "shop-api:111111111111-amd64")];
     let second = vec![built("api", "shop-api:222222222222-amd64")];
     store.write_record("shop", None, first.clone()).await.unwrap();
@@ -125,11 +269,9 @@ async fn a_stale_expected_generation_is_refused_and_changes_nothing() {
     assert_eq!((previous.generation, previous.images), (Generation(1), first));
 }
 
-#[tokio::test]
-async fn current_and_previous_follow_writes_and_older_generations_are_pruned() {
-    let (_dir, path) = temp_db();
+async fn current_and_previous_follow_writes_and_older_generations_are_pruned(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     for (n, expected) in [(1u64, None), (2, Some(Generation(1))), (3, Some(Generation(2)))] {
         clock.advance(1000);
         let reference = format!("shop-api:{n:012}-amd64");
@@ -148,15 +290,12 @@ async fn current_and_previous_follow_writes_and_older_generations_are_pruned() {
         all.iter().map(|(c, p)| (c.instance.clone(), c.generation.0, p.as_ref().map(|p| p.generation.0))).collect();
     assert_eq!(summary, vec![("blog".to_owned(), 1, None), ("shop".to_owned(), 3, Some(2))]);
 
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    let kept: u32 = raw.query_row("SELECT COUNT(*) FROM records WHERE instance = 'shop'", [], |r| r.get(0)).unwrap();
+    let kept = backend.count("SELECT COUNT(*) FROM records WHERE instance = 'shop'").await;
     assert_eq!(kept, 2, "generation 1 should have been pruned");
 }
 
-#[tokio::test]
-async fn delete_removes_the_record_and_generations_never_repeat() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn delete_removes_the_record_and_generations_never_repeat(backend: Backend) {
+    let store = backend.open(&clock()).await;
     store.write_record("shop", None, vec![built("api", "shop-api:111111111111-amd64")]).await.unwrap();
     store.write_record("shop", Some(Generation(1)), vec![built("api", "shop-api:222222222222-amd64")]).await.unwrap();
 
@@ -172,11 +311,9 @@ async fn delete_removes_the_record_and_generations_never_repeat() {
     assert_eq!(store.write_record("shop", None, vec![]).await.unwrap(), Generation(3));
 }
 
-#[tokio::test]
-async fn records_claims_events_and_converges_survive_a_restart() {
-    let (_dir, path) = temp_db();
+async fn records_claims_events_and_converges_survive_a_restart(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let images = vec![built("api", "shop-api:4a77b1c2d3e4-amd64")];
     store.write_record("shop", None, images.clone()).await.unwrap();
     let converge = store.open_converge("shop", "ana").await.unwrap();
@@ -189,7 +326,7 @@ async fn records_claims_events_and_converges_survive_a_restart() {
     let converge = store.converge(&converge.id).await.unwrap().unwrap();
     drop(store);
 
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     assert_eq!(store.record("shop").await.unwrap().unwrap().images, images);
     assert_eq!(store.converge(&converge.id).await.unwrap(), Some(converge.clone()));
     assert_eq!(store.events(&converge.id, None).await.unwrap(), before);
@@ -199,11 +336,9 @@ async fn records_claims_events_and_converges_survive_a_restart() {
     assert!(store.missing_contexts(&["ab".repeat(32)]).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_converge_running_at_restart_is_failed_with_an_event_and_its_claims_wait_for_their_lease() {
-    let (_dir, path) = temp_db();
+async fn a_converge_running_at_restart_is_failed_with_an_event_and_its_claims_wait_for_their_lease(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let running = store.open_converge("shop", "ana").await.unwrap();
     store
         .append_event(
@@ -220,7 +355,7 @@ async fn a_converge_running_at_restart_is_failed_with_an_event_and_its_claims_wa
     drop(store);
 
     clock.advance(5_000);
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let reason = "coordinator restarted while it ran";
     assert_eq!(store.fail_in_flight(reason).await.unwrap(), vec![running.id.clone()]);
 
@@ -237,10 +372,8 @@ async fn a_converge_running_at_restart_is_failed_with_an_event_and_its_claims_wa
     store.open_converge("shop", "ana").await.expect("the instance can converge again");
 }
 
-#[tokio::test]
-async fn a_second_converge_of_a_running_instance_is_refused_naming_the_running_one() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn a_second_converge_of_a_running_instance_is_refused_naming_the_running_one(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let first = store.open_converge("shop", "ana").await.unwrap();
     assert_eq!(first.state, ConvergeState::Running);
 
@@ -261,12 +394,11 @@ async fn a_second_converge_of_a_running_instance_is_refused_naming_the_running_o
     store.open_converge("shop", "bo").await.expect("a finished converge no longer blocks its instance");
 }
 
-#[tokio::test]
-async fn two_handles_on_one_file_never_both_record_or_both_run() {
-    let (_dir, path) = temp_db();
-    // Two opens are two connections, as two `kiln` processes sharing $KILN_HOME would have.
-    let a: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
-    let b: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+async fn two_handles_never_both_record_or_both_run(backend: Backend) {
+    // Two opens are two connections (two pools on PostgreSQL), as two `kiln` processes sharing
+    // $KILN_HOME, or two coordinators sharing a farm's database, would have.
+    let a: Arc<dyn Store> = backend.open(&clock()).await;
+    let b: Arc<dyn Store> = backend.open(&clock()).await;
     a.write_record("shop", None, vec![]).await.unwrap();
 
     let mut writes = Vec::new();
@@ -290,19 +422,27 @@ async fn two_handles_on_one_file_never_both_record_or_both_run() {
     }
     assert_eq!(won, 1);
 
-    let (x, y) = tokio::join!(a.open_converge("shop", "ana"), b.open_converge("shop", "bo"));
-    let (winner, loser) = match (x, y) {
-        (Ok(winner), Err(loser)) | (Err(loser), Ok(winner)) => (winner, loser),
-        (x, y) => panic!("exactly one converge should open: {x:?} / {y:?}"),
-    };
-    assert!(matches!(loser, StoreError::ConvergeRunning { ref running, .. } if *running == winner.id), "{loser:?}");
+    // Each round races one open per handle on its own thread: exactly one converge runs.
+    for round in 0..10 {
+        let instance = format!("shop-{round}");
+        let (x, y) = {
+            let (a, b, ia, ib) = (a.clone(), b.clone(), instance.clone(), instance.clone());
+            let x = tokio::spawn(async move { a.open_converge(&ia, "ana").await });
+            let y = tokio::spawn(async move { b.open_converge(&ib, "bo").await });
+            (x.await.unwrap(), y.await.unwrap())
+        };
+        let (winner, loser) = match (x, y) {
+            (Ok(winner), Err(loser)) | (Err(loser), Ok(winner)) => (winner, loser),
+            (x, y) => panic!("exactly one converge of {instance} should open: {x:?} / {y:?}"),
+        };
+        assert!(matches!(loser, StoreError::ConvergeRunning { ref running, .. } if *running == winner.id), "{loser:?}");
+        assert_eq!(a.converges(Some(&instance), 10).await.unwrap().len(), 1, "the loser left no converge behind");
+    }
 }
 
-#[tokio::test]
-async fn claims_expire_by_lease_renew_extends_them_and_release_removes_them() {
-    let (_dir, path) = temp_db();
+async fn claims_expire_by_lease_renew_extends_them_and_release_removes_them(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let lease = 30_000;
     let shop = store.open_converge("shop", "ana").await.unwrap();
     let blog = store.open_converge("blog", "bo").await.unwrap();
@@ -323,10 +463,8 @@ async fn claims_expire_by_lease_renew_extends_them_and_release_removes_them() {
     assert!(store.live_claims(clock.now_ms()).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn only_a_running_converge_may_claim() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn only_a_running_converge_may_claim(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     store.finish_converge(&converge.id, ConvergeState::Succeeded).await.unwrap();
 
@@ -340,10 +478,8 @@ async fn only_a_running_converge_may_claim() {
     assert!(store.live_claims(0).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_converge_finishes_once_and_never_as_running() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn a_converge_finishes_once_and_never_as_running(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     let err = store.finish_converge(&converge.id, ConvergeState::Running).await.unwrap_err();
     assert!(matches!(err, StoreError::FinishAsRunning { .. }), "{err:?}");
@@ -354,11 +490,9 @@ async fn a_converge_finishes_once_and_never_as_running() {
     assert_eq!(state, ConvergeState::Failed { reason: "push refused".into() });
 }
 
-#[tokio::test]
-async fn events_come_back_in_seq_order_and_after_seq_resumes() {
-    let (_dir, path) = temp_db();
+async fn events_come_back_in_seq_order_and_after_seq_resumes(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     let kinds = [
         EventKind::Started,
@@ -389,26 +523,23 @@ async fn events_come_back_in_seq_order_and_after_seq_resumes() {
     assert!(matches!(err, StoreError::UnknownConverge { .. }), "{err:?}");
 }
 
-#[tokio::test]
-async fn an_event_kind_written_by_a_newer_kiln_still_replays() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn an_event_kind_written_by_a_newer_kiln_still_replays(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     store.append_event(&converge.id, EventKind::Started, None, "start").await.unwrap();
-    let raw = rusqlite::Connection::open(&path).unwrap();
-    raw.execute(
-        "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) VALUES (?1, 2, 0, NULL, ?2, 'beamed')",
-        (converge.id.as_str(), r#"{"kind":"teleported","meters":3}"#),
-    )
-    .unwrap();
+    backend
+        .execute(&format!(
+            r#"INSERT INTO events (converge_id, seq, at_ms, image, kind, message)
+               VALUES ('{}', 2, 0, NULL, '{{"kind":"teleported","meters":3}}', 'beamed')"#,
+            converge.id
+        ))
+        .await;
     let events = store.events(&converge.id, None).await.unwrap();
     assert_eq!((events[1].kind.clone(), events[1].message.as_str()), (EventKind::Unknown, "beamed"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixteen_concurrent_appends_get_distinct_gap_free_seqs() {
-    let (_dir, path) = temp_db();
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+async fn sixteen_concurrent_appends_get_distinct_gap_free_seqs(backend: Backend) {
+    let store: Arc<dyn Store> = backend.open(&clock()).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     let tasks: Vec<_> = (0..16)
         .map(|i| {
@@ -428,11 +559,9 @@ async fn sixteen_concurrent_appends_get_distinct_gap_free_seqs() {
     assert_eq!(stored, (1..=16).collect::<Vec<u64>>());
 }
 
-#[tokio::test]
-async fn converges_list_newest_first_per_instance_and_within_limit() {
-    let (_dir, path) = temp_db();
+async fn converges_list_newest_first_per_instance_and_within_limit(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let mut opened = Vec::new();
     for instance in ["shop", "blog", "shop"] {
         clock.advance(1000);
@@ -451,10 +580,8 @@ async fn converges_list_newest_first_per_instance_and_within_limit() {
     assert_eq!((first.started_ms, first.finished_ms, first.requested_by.as_str()), (T0 + 1000, Some(T0 + 1000), "ana"));
 }
 
-#[tokio::test]
-async fn missing_contexts_returns_exactly_the_unknown_ones() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn missing_contexts_returns_exactly_the_unknown_ones(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let [a, b, c, d] = ["a", "b", "c", "d"].map(|x| x.repeat(64));
     for digest in [&a, &c] {
         store.put_context(ContextRow { digest: digest.clone(), bytes: 10, stored_at_ms: T0 }).await.unwrap();
@@ -465,10 +592,48 @@ async fn missing_contexts_returns_exactly_the_unknown_ones() {
     assert_eq!(store.context(&b).await.unwrap(), None);
 }
 
-#[tokio::test]
-async fn agents_and_inventories_are_replaced_by_their_key() {
-    let (_dir, path) = temp_db();
-    let store = SqliteStore::open(&path).unwrap();
+async fn contexts_are_listed_and_collected_only_when_unclaimed(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    let [a, b] = ["a", "b"].map(|x| x.repeat(64));
+    for digest in [&b, &a] {
+        store.put_context(ContextRow { digest: digest.clone(), bytes: 10, stored_at_ms: T0 }).await.unwrap();
+    }
+    let listed: Vec<String> = store.contexts().await.unwrap().into_iter().map(|c| c.digest).collect();
+    assert_eq!(listed, vec![a.clone(), b.clone()], "by digest");
+
+    let converge = store.open_converge("shop", "ana").await.unwrap();
+    let claim_a = format!("context:{a}");
+    store.claim(&converge.id, std::slice::from_ref(&claim_a), T0 + 30_000).await.unwrap();
+    assert!(!store.delete_context_unless_claimed(&a, &claim_a, T0).await.unwrap(), "a live claim keeps it");
+    assert!(store.context(&a).await.unwrap().is_some());
+    assert!(store.delete_context_unless_claimed(&a, &claim_a, T0 + 30_000).await.unwrap(), "an expired one does not");
+    assert!(store.delete_context_unless_claimed(&b, &format!("context:{b}"), T0).await.unwrap());
+    assert!(!store.delete_context_unless_claimed(&b, &format!("context:{b}"), T0).await.unwrap(), "already gone");
+    assert!(store.contexts().await.unwrap().is_empty());
+}
+
+async fn the_builder_of_a_ref_is_the_converge_that_last_started_building_it(backend: Backend) {
+    let clock = clock();
+    let store = backend.open(&clock).await;
+    let building = |reference: &str| EventKind::Building { reference: reference.to_owned(), reason: None };
+    let mut converges = Vec::new();
+    for reference in ["shop-api:1-amd64", "shop-api:1-amd64", "shop_api:1-amd64"] {
+        clock.advance(1000);
+        let converge = store.open_converge("shop", "ana").await.unwrap();
+        store.append_event(&converge.id, EventKind::Started, None, "start").await.unwrap();
+        store.append_event(&converge.id, building(reference), Some("api"), "building").await.unwrap();
+        store.finish_converge(&converge.id, ConvergeState::Succeeded).await.unwrap();
+        converges.push(converge.id);
+    }
+    assert_eq!(store.builder_of("shop-api:1-amd64").await.unwrap().as_ref(), Some(&converges[1]), "the latest");
+    assert_eq!(store.builder_of("shop_api:1-amd64").await.unwrap().as_ref(), Some(&converges[2]));
+    // `_` and `%` are plain characters in a ref, never wildcards.
+    assert_eq!(store.builder_of("shop%api:1-amd64").await.unwrap(), None);
+    assert_eq!(store.builder_of("blog-web:2-amd64").await.unwrap(), None);
+}
+
+async fn agents_and_inventories_are_replaced_by_their_key(backend: Backend) {
+    let store = backend.open(&clock()).await;
     let mut agent = AgentRow {
         id: AgentId("build-1".into()),
         role: AgentRole::Host,
@@ -490,11 +655,9 @@ async fn agents_and_inventories_are_replaced_by_their_key() {
     assert_eq!((inventory.listing_json.as_str(), inventory.listed_at_ms), (r#"[{"ref":"x:1"}]"#, T0 + 9));
 }
 
-#[tokio::test]
-async fn pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned() {
-    let (_dir, path) = temp_db();
+async fn pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     assert!(store.pin("tool:1", "ana@box").await.unwrap(), "a new pin is a change");
     clock.advance(5);
     assert!(!store.pin("tool:1", "bo@box").await.unwrap(), "pinning twice is pinning once");
@@ -503,7 +666,7 @@ async fn pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned() {
     store.delete_record("shop").await.unwrap();
     drop(store);
 
-    let store = open_at(&path, &clock);
+    let store = backend.open(&clock).await;
     let pins = store.pins().await.unwrap();
     let listed: Vec<(&str, u64, &str)> =
         pins.iter().map(|p| (p.reference.as_str(), p.pinned_at_ms, p.pinned_by.as_str())).collect();
@@ -511,4 +674,337 @@ async fn pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned() {
     assert!(store.unpin("tool:1").await.unwrap());
     assert!(!store.unpin("tool:1").await.unwrap(), "unpinning what is not pinned changes nothing");
     assert_eq!(store.pins().await.unwrap().len(), 1);
+}
+
+async fn a_lone_coordinator_leads_writes_renews_and_resigns(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    assert_eq!(store.current_leader().await.unwrap(), None, "nobody leads a fresh database");
+    let ttl = Duration::from_secs(60);
+    let led =
+        store.try_acquire_leadership("coord-a", "10.0.0.1:7070", ttl).await.unwrap().expect("a lone coordinator leads");
+    assert!(led.token >= 1, "{led:?}");
+    assert_eq!((led.holder.as_str(), led.addr.as_str()), ("coord-a", "10.0.0.1:7070"));
+    assert_eq!(store.current_leader().await.unwrap().as_ref(), Some(&led));
+    store.write_record("shop", None, vec![]).await.expect("the leader writes");
+    let renewed = store.renew_leadership(&led, ttl).await.unwrap();
+    assert_eq!((renewed.token, renewed.holder.as_str()), (led.token, "coord-a"), "a renewal keeps the lease");
+    store.resign_leadership(&renewed).await.unwrap();
+    assert_eq!(store.current_leader().await.unwrap(), None, "a resigned lease is free");
+}
+
+/// SQLite serves one embedded coordinator: whoever asks leads, and nothing is fenced.
+#[tokio::test]
+async fn leadership_is_always_held_on_sqlite() {
+    let backend = Backend::sqlite();
+    let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
+    let ttl = Duration::from_secs(10);
+    let la = a.try_acquire_leadership("a", "127.0.0.1:1", ttl).await.unwrap().expect("a leads");
+    let lb = b.try_acquire_leadership("b", "127.0.0.1:2", ttl).await.unwrap().expect("b leads too");
+    assert_eq!((la.token, lb.token), (1, 1));
+    a.write_record("shop", None, vec![]).await.unwrap();
+    b.write_record("shop", Some(Generation(1)), vec![]).await.unwrap();
+    assert_eq!(a.renew_leadership(&la, ttl).await.unwrap().expires_ms, T0 + 10_000, "expiry on the store's clock");
+}
+
+/// Fencing, leases and connections: what only a farm's PostgreSQL store has.
+mod postgres_only {
+    use super::*;
+    use kiln_coordinator::store::leadership::{lead, LeasePolicy, Lost};
+    use tokio::time::Instant;
+
+    const A: &str = "10.0.0.1:7070";
+    const B: &str = "10.0.0.2:7070";
+    const LONG: Duration = Duration::from_secs(60);
+    /// How long a test waits for what must happen (a lease lapsing, a standby taking over)
+    /// before failing; never asserted as a speed.
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    /// Asks for the lease until the database grants it.
+    async fn acquire_once_lapsed(store: &dyn Store, holder: &str, addr: &str) -> Leadership {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(leadership) = store.try_acquire_leadership(holder, addr, LONG).await.unwrap() {
+                return leadership;
+            }
+            assert!(Instant::now() < deadline, "the lease of {holder} never became free");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_coordinator_whose_lease_was_taken_over_is_fenced_and_writes_nothing() {
+        let backend = Backend::postgres().await;
+        // Two handles, two pools: two coordinators of one farm.
+        let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
+
+        let la = a.try_acquire_leadership("coord-a", A, LONG).await.unwrap().expect("A leads a fresh farm");
+        assert_eq!(b.try_acquire_leadership("coord-b", B, LONG).await.unwrap(), None, "B cannot while A's lease lives");
+        assert_eq!(b.current_leader().await.unwrap().map(|l| l.addr), Some(A.to_owned()));
+        let shop = a.open_converge("shop", "ana").await.unwrap();
+        a.claim(&shop.id, &refs(&["shop-api:1-amd64"]), T0 + 30_000).await.unwrap();
+        a.write_record("shop", None, vec![built("api", "shop-api:1-amd64")]).await.unwrap();
+        let standby = b.write_record("shop", Some(Generation(1)), vec![]).await.unwrap_err();
+        assert!(matches!(standby, StoreError::NotLeader { active: Some(ref active) } if active == A), "{standby:?}");
+        assert!(standby.to_string().contains(A), "{standby}");
+
+        // A's last renewal is short; then A renews no more (paused, partitioned), and B takes over.
+        a.renew_leadership(&la, Duration::from_millis(100)).await.unwrap();
+        let lb = acquire_once_lapsed(&*b, "coord-b", B).await;
+        assert!(lb.token > la.token, "B's token {} should be above A's {}", lb.token, la.token);
+
+        let fenced =
+            a.write_record("shop", Some(Generation(1)), vec![built("api", "shop-api:2-amd64")]).await.unwrap_err();
+        match &fenced {
+            StoreError::Fenced { holder, token, current, active } => {
+                assert_eq!(
+                    (holder.as_str(), *token, *current, active.as_deref()),
+                    ("coord-a", la.token, lb.token, Some(B))
+                );
+            }
+            other => panic!("expected Fenced, got {other:?}"),
+        }
+        assert!(fenced.to_string().contains(B), "{fenced}");
+        let context = ContextRow { digest: "ab".repeat(32), bytes: 1, stored_at_ms: T0 };
+        let agent = AgentRow {
+            id: AgentId("build-1".into()),
+            role: AgentRole::Host,
+            stores: vec![],
+            platforms: vec![],
+            version: "0.1.0".into(),
+            last_seen_ms: T0,
+        };
+        let refused = [
+            a.open_converge("blog", "ana").await.map(drop),
+            a.append_event(&shop.id, EventKind::Note, None, "late").await.map(drop),
+            a.claim(&shop.id, &refs(&["shop-api:2-amd64"]), T0 + 60_000).await,
+            a.renew_claims(&shop.id, T0 + 60_000).await.map(drop),
+            a.release_claims(&shop.id).await,
+            a.finish_converge(&shop.id, ConvergeState::Succeeded).await,
+            a.fail_in_flight("restarted").await.map(drop),
+            a.delete_record("shop").await.map(drop),
+            a.pin("tool:1", "ana").await.map(drop),
+            a.put_context(context).await,
+            a.upsert_agent(agent).await,
+            a.put_inventory("docker:build-1", "[]".into(), T0).await,
+            a.renew_leadership(&la, LONG).await.map(drop),
+        ];
+        for (i, result) in refused.iter().enumerate() {
+            assert!(matches!(result, Err(StoreError::Fenced { .. })), "write {i}: {result:?}");
+        }
+
+        // Nothing A tried landed: B finds the state as A left it when it lost the lease.
+        let record = b.record("shop").await.unwrap().unwrap();
+        assert_eq!((record.generation, record.images[0].reference.as_str()), (Generation(1), "shop-api:1-amd64"));
+        assert_eq!(b.converges(None, 10).await.unwrap().len(), 1);
+        assert!(b.events(&shop.id, None).await.unwrap().is_empty());
+        assert!(b.pins().await.unwrap().is_empty() && b.agents().await.unwrap().is_empty());
+        assert_eq!(b.live_claims(T0).await.unwrap().len(), 1, "A's claim stands until its own lease");
+        assert_eq!(b.fail_in_flight("its coordinator lost the lease").await.unwrap(), vec![shop.id.clone()]);
+        assert_eq!(b.write_record("shop", Some(Generation(1)), vec![]).await.unwrap(), Generation(2));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lapsed_lease_nobody_took_still_renews_with_its_token() {
+        let backend = Backend::postgres().await;
+        let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
+        let la = a.try_acquire_leadership("coord-a", A, Duration::from_millis(50)).await.unwrap().unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while b.current_leader().await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "the lease never lapsed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Nobody else leads, so nothing can conflict with A's writes: the token alone fences.
+        a.write_record("shop", None, vec![]).await.expect("a lapsed leader nobody replaced still writes");
+        let renewed = a.renew_leadership(&la, LONG).await.unwrap();
+        assert_eq!(renewed.token, la.token);
+        assert_eq!(b.try_acquire_leadership("coord-b", B, LONG).await.unwrap(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resigned_lease_passes_at_once_and_the_old_handle_writes_no_more() {
+        let backend = Backend::postgres().await;
+        let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
+        let la = a.try_acquire_leadership("coord-a", A, LONG).await.unwrap().unwrap();
+        a.resign_leadership(&la).await.unwrap();
+        let lb = b.try_acquire_leadership("coord-b", B, LONG).await.unwrap().expect("no TTL to wait out");
+        assert_eq!(lb.token, la.token + 1);
+        let err = a.open_converge("shop", "ana").await.unwrap_err();
+        assert!(matches!(err, StoreError::NotLeader { active: Some(ref active) } if active == B), "{err:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn standbys_racing_for_a_free_lease_exactly_one_wins() {
+        let backend = Backend::postgres().await;
+        let mut asks = Vec::new();
+        for i in 0..4 {
+            let store = backend.open(&clock()).await;
+            asks.push(tokio::spawn(async move {
+                store.try_acquire_leadership(&format!("coord-{i}"), &format!("10.0.0.{i}:7070"), LONG).await.unwrap()
+            }));
+        }
+        let mut granted = Vec::new();
+        for ask in asks {
+            granted.extend(ask.await.unwrap());
+        }
+        assert_eq!(granted.len(), 1, "{granted:?}");
+        assert_eq!(granted[0].token, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_standby_takes_over_a_resigned_lease_and_a_leader_learns_it_was_superseded() {
+        let backend = Backend::postgres().await;
+        let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
+        let policy =
+            LeasePolicy { ttl: LONG, renew_every: Duration::from_millis(20), poll_every: Duration::from_millis(20) };
+        let held_a = lead(a, "coord-a", A, policy).await.unwrap();
+        let standby = tokio::spawn(async move { lead(b, "coord-b", B, policy).await.unwrap() });
+        let token_a = held_a.leadership().token;
+        held_a.resign().await.unwrap();
+        let held_b = tokio::time::timeout(PATIENCE, standby).await.expect("B took over").unwrap();
+        assert_eq!(held_b.leadership().token, token_a + 1);
+
+        // A third coordinator takes the lease from under B (as if B's renewals had stalled past it).
+        backend
+            .execute(
+                "UPDATE leader_lease SET token = token + 1, holder = 'coord-c', addr = '10.0.0.3:7070', \
+                 expires_at = clock_timestamp() + interval '1 minute'",
+            )
+            .await;
+        let lost = tokio::time::timeout(PATIENCE, held_b.lost()).await.expect("B noticed");
+        assert_eq!(lost, Lost::Superseded { current: token_a + 2, active: Some("10.0.0.3:7070".into()) });
+    }
+
+    /// `serve` on a farm's database (`kiln-coordinator --state postgres://…`): the second
+    /// coordinator stands by while the first serves, and leads once the first stops cleanly.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_served_coordinator_stands_by_until_the_first_stops() {
+        let backend = Backend::postgres().await;
+        let Backend::Postgres { db } = &backend else { unreachable!() };
+        let observer = backend.open(&clock()).await;
+        let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let start = |dir: &TempDir| {
+            let mut config = kiln_coordinator::Config::new(dir.path(), "farm-pg");
+            config.database = Some(db.url.clone());
+            config.lease = LeasePolicy {
+                ttl: LONG,
+                renew_every: Duration::from_millis(50),
+                poll_every: Duration::from_millis(20),
+            };
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let served = tokio::spawn(kiln_coordinator::serve(listener, config, async move {
+                let _ = stopped.await;
+            }));
+            (addr, stop, served)
+        };
+        let leader_is = async |addr: &str| {
+            let deadline = Instant::now() + PATIENCE;
+            while observer.current_leader().await.unwrap().map(|l| l.addr).as_deref() != Some(addr) {
+                assert!(Instant::now() < deadline, "{addr} never led");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+
+        let (addr_a, stop_a, served_a) = start(&dirs.0);
+        leader_is(&addr_a).await;
+        let (addr_b, stop_b, served_b) = start(&dirs.1);
+        assert!(!served_b.is_finished(), "B stands by rather than failing");
+        stop_a.send(()).unwrap();
+        served_a.await.unwrap().expect("A stops cleanly, resigning its lease");
+        leader_is(&addr_b).await;
+        stop_b.send(()).unwrap();
+        served_b.await.unwrap().expect("B stops cleanly");
+        assert_eq!(observer.current_leader().await.unwrap(), None, "B resigned too");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn coordinators_starting_together_on_a_fresh_database_migrate_it_once() {
+        let backend = Backend::postgres().await;
+        let Backend::Postgres { db } = &backend else { unreachable!() };
+        let opens: Vec<_> = (0..4)
+            .map(|_| {
+                let url = db.url.clone();
+                tokio::spawn(async move { PostgresStore::connect(&url).await.unwrap().migrations_applied().to_vec() })
+            })
+            .collect();
+        let mut applied = Vec::new();
+        for open in opens {
+            applied.extend(open.await.unwrap());
+        }
+        applied.sort_unstable();
+        assert_eq!(applied, (1..=POSTGRES_SCHEMA_VERSION).collect::<Vec<_>>(), "each migration applied once");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_database_is_named_without_its_password() {
+        // Port 1 on loopback: nothing listens there.
+        let err = PostgresStore::connect("postgres://kiln:s3cret@127.0.0.1:1/farm").await.unwrap_err();
+        assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
+        let chain = kiln_core::error_chain(&err);
+        assert!(chain.contains("postgres://kiln@127.0.0.1:1/farm") && !chain.contains("s3cret"), "{chain}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_url_is_refused_without_echoing_it() {
+        let err = PostgresStore::connect("postgres://kiln:s3cret@127.0.0.1:notaport/farm").await.unwrap_err();
+        assert!(matches!(err, StoreError::DatabaseUrl { .. }), "{err:?}");
+        let chain = kiln_core::error_chain(&err);
+        assert!(!chain.contains("s3cret") && chain.contains("--state"), "{chain}");
+    }
+}
+
+/// Per-call latency of the hot store calls on both backends: medians and 90th percentiles over
+/// 1,000 calls each, PostgreSQL with its default, durable settings (fsync on) on loopback and again
+/// with fsync off, the handle leading (so every write is fenced). A measurement, not a test; run it with
+/// `cargo test --release -p kiln-coordinator --test store -- --ignored --nocapture latency`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run it explicitly"]
+async fn latency_of_key_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("kiln.db")).unwrap());
+    let cluster = Postgres::start_durable();
+    let db = cluster.create_database().await;
+    let postgres: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
+    // The same on the test cluster (fsync off): what the round trips and the locks cost alone.
+    let db = Postgres::shared().create_database().await;
+    let unsynced: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
+    for (name, store) in [("sqlite", sqlite), ("postgres", postgres), ("postgres, fsync off", unsynced)] {
+        store.try_acquire_leadership("bench", "127.0.0.1:0", Duration::from_secs(600)).await.unwrap().unwrap();
+        const N: usize = 1000;
+        let images: Vec<RecordedImage> =
+            (0..4).map(|i| built(&format!("img{i}"), &format!("shop-img{i}:4a77b1c2d3e4-amd64"))).collect();
+        let mut generation = None;
+        let write = time(N, async || {
+            generation = Some(store.write_record("shop", generation, images.clone()).await.unwrap());
+        })
+        .await;
+        let read = time(N, async || drop(store.record("shop").await.unwrap())).await;
+        let mut i = 0;
+        let open = time(N, async || {
+            i += 1;
+            drop(store.open_converge(&format!("instance-{i}"), "bench").await.unwrap());
+        })
+        .await;
+        let converge = store.open_converge("events", "bench").await.unwrap();
+        let append = time(N, async || {
+            drop(store.append_event(&converge.id, EventKind::BuildLog, Some("api"), "a line").await.unwrap())
+        })
+        .await;
+        println!("{name:20} record {read}  write_record {write}  open_converge {open}  append_event {append}");
+    }
+}
+
+/// Runs `call` `n` times and reports "p50 µs / p90 µs".
+async fn time(n: usize, mut call: impl AsyncFnMut()) -> String {
+    let mut micros = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = std::time::Instant::now();
+        call().await;
+        micros.push(start.elapsed().as_micros() as u64);
+    }
+    micros.sort_unstable();
+    format!("{} / {} µs", micros[n / 2], micros[n * 9 / 10])
 }

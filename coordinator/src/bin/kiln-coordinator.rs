@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use kiln_coordinator::model::{AgentRole, AuditRow, JoinRow, TokenRow};
 use kiln_coordinator::store::{SqliteStore, Store};
+use kiln_coordinator::Config;
 use kiln_coordinator::trust::{pki, tokens, Role};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -120,9 +121,15 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:7070", env = "KILN_LISTEN")]
     listen: String,
-    /// Directory of the coordinator's state (SQLite file, context store, tls/).
-    #[arg(long, env = "KILN_STATE")]
-    state: Option<PathBuf>,
+    /// Where the coordinator's state lives: a directory (its SQLite file, context store and
+    /// tls/), or a farm's PostgreSQL database, `postgres://user:password@host:port/database`, that
+    /// several coordinators share (one is active; the others stand by).
+    #[arg(long, env = "KILN_STATE", value_name = "DIR|postgres://…")]
+    state: Option<String>,
+    /// With a PostgreSQL --state: the directory of the context store, the image relay's spool, the
+    /// TLS material and the farm's name.
+    #[arg(long, env = "KILN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
     /// The farm's name (default: the one `init` recorded): every image this coordinator builds is
     /// labeled with it.
     #[arg(long, env = "KILN_FARM")]
@@ -168,6 +175,11 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
     };
     Ok(Duration::from_secs(secs))
+}
+
+/// `postgres://…` or `postgresql://…`, as libpq spells them; anything else is a directory.
+fn is_database_url(state: &str) -> bool {
+    state.starts_with("postgres://") || state.starts_with("postgresql://")
 }
 
 #[tokio::main]
@@ -348,18 +360,35 @@ async fn enroll(state: &Path, role: &str, cluster: Option<String>, expires: Dura
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let Some(state) = args.state.clone() else { bail!("--state DIR is required: the coordinator's state directory") };
+    let Some(state) = args.state.clone() else {
+        bail!("--state is required: the coordinator's state directory, or a postgres:// database")
+    };
+    // The directory of everything that is not in the database: contexts, the relay's spool,
+    // tls/ and the farm's name.
+    let (dir, database) = match (is_database_url(&state), args.data_dir.clone()) {
+        (true, Some(dir)) => (dir, Some(state.clone())),
+        (true, None) => bail!(
+            "--state is a PostgreSQL database: give --data-dir DIR too, for the context store and the relay's spool"
+        ),
+        (false, None) => (PathBuf::from(&state), None),
+        (false, Some(_)) => {
+            bail!("--data-dir is only for a PostgreSQL --state; with a directory --state, everything lives in it")
+        }
+    };
     let farm = match args.farm.clone() {
         Some(farm) => farm,
-        None => std::fs::read_to_string(state.join("farm")).map(|f| f.trim().to_string()).map_err(|_| {
-            anyhow::anyhow!("no farm name: pass --farm NAME, or create the farm with `kiln-coordinator init --farm NAME --state {}`", state.display())
+        None => std::fs::read_to_string(dir.join("farm")).map(|f| f.trim().to_string()).map_err(|_| {
+            anyhow::anyhow!("no farm name: pass --farm NAME, or create the farm with `kiln-coordinator init --farm NAME --state {}`", dir.display())
         })?,
     };
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let local = listener.local_addr()?;
-    let mut config = kiln_coordinator::Config::new(state.clone(), farm);
+    let mut config = match database {
+        Some(url) => Config { database: Some(url), ..Config::new(dir.clone(), farm) },
+        None => Config::new(dir.clone(), farm),
+    };
     if args.dev {
         if !local.ip().is_loopback() {
             bail!("--dev serves plaintext without authentication, so it binds loopback only — not {local}");
@@ -369,7 +398,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
              everything. For experiments on this machine only."
         );
     } else {
-        config.tls = Some(tls_material(&args, &state)?);
+        config.tls = Some(tls_material(&args, &dir)?);
     }
     println!("listening on {local}");
     config.max_upload_bytes = args.max_upload_bytes;

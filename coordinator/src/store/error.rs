@@ -23,19 +23,39 @@ pub enum StoreError {
         #[source]
         err: BoxError,
     },
-    #[error("cannot apply schema migration {version} to the state database {path}; it was left at version {from}")]
+    /// `database` is the SQLite file or the PostgreSQL URL without its password.
+    #[error("cannot apply schema migration {version} to the state database {database}; it was left at version {from}")]
     Migrate {
-        path: PathBuf,
+        database: String,
         version: u32,
         from: u32,
         #[source]
         err: BoxError,
     },
     #[error(
-        "state database {path} is at schema version {found}, but this kiln knows versions up to {known} — \
+        "state database {database} is at schema version {found}, but this kiln knows versions up to {known} — \
          a newer kiln wrote it; upgrade kiln (an older one must not open it)"
     )]
-    SchemaTooNew { path: PathBuf, found: u32, known: u32 },
+    SchemaTooNew { database: String, found: u32, known: u32 },
+    // The URL itself is not repeated: it may hold a password.
+    #[error(
+        "the state database URL is not a PostgreSQL connection string \
+         (postgres://user:password@host:port/database) — check --state"
+    )]
+    DatabaseUrl {
+        #[source]
+        err: BoxError,
+    },
+    #[error(
+        "cannot reach the PostgreSQL state database {database} while {what} — check that the server runs \
+         and that the URL's host, port, user, password and database name are right"
+    )]
+    Unreachable {
+        database: String,
+        what: String,
+        #[source]
+        err: BoxError,
+    },
     #[error("state database {path} stayed locked by another process while {what} — retry once the other kiln is done")]
     Busy {
         path: PathBuf,
@@ -73,6 +93,18 @@ pub enum StoreError {
     ConvergeFinished { id: ConvergeId, state: ConvergeState },
     #[error("converge {id} cannot be finished as running — finish it as succeeded or failed")]
     FinishAsRunning { id: ConvergeId },
+    #[error(
+        "this coordinator ({holder}) lost the farm's leadership: its fencing token {token} was superseded by \
+         token {current}{} — nothing was written; it must stand by until it leads again",
+        active_text(.active)
+    )]
+    Fenced { holder: String, token: u64, current: u64, active: Option<String> },
+    #[error(
+        "this coordinator is not the farm's active coordinator{} — send the request there; a standby \
+         writes nothing",
+        active_text(.active)
+    )]
+    NotLeader { active: Option<String> },
     #[error("the state store's worker thread stopped while {what}")]
     Worker {
         what: String,
@@ -85,5 +117,13 @@ fn generation_text(generation: &Option<Generation>) -> String {
     match generation {
         Some(g) => format!("generation {g}"),
         None => "no record".to_owned(),
+    }
+}
+
+/// Who leads instead, for [`StoreError::Fenced`] and [`StoreError::NotLeader`].
+fn active_text(active: &Option<String>) -> String {
+    match active {
+        Some(addr) => format!(" (the active coordinator is at {addr})"),
+        None => " (no coordinator holds the lease right now; a standby takes it over when it lapses)".to_owned(),
     }
 }

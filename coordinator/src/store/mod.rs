@@ -1,16 +1,24 @@
 //! The coordinator's state behind one trait: agents, records by generation, converges and their
 //! events, claims, pins, the context index and store inventories (DESIGN.md "Where state lives").
-//! [`SqliteStore`] is the embedded default; a PostgreSQL backend will implement the same [`Store`],
-//! so the trait speaks only in [`crate::model`] types and the SQL stays plain.
+//! [`SqliteStore`] is the embedded default; [`PostgresStore`] serves a farm of several coordinators.
+//! Both implement the same [`Store`], which speaks only in [`crate::model`] types, and both pass the
+//! one test suite (`coordinator/tests/store.rs`).
 //!
 //! Two promises the converge engine builds on: [`Store::write_record`] is a compare-and-set (a
 //! converge records only if the record is still the generation it started from), and at most one
 //! converge per instance runs at a time ([`Store::open_converge`]). Both hold across processes
-//! sharing one database, not just across tasks of one coordinator.
+//! sharing one database, not just across tasks of one coordinator. A third holds across a farm's
+//! coordinators: once a handle leads ([`Store::try_acquire_leadership`]), its writes are refused
+//! as soon as another coordinator takes the lease ([`leadership`]).
 
 mod clock;
 mod error;
+pub mod leadership;
+mod postgres;
 mod sqlite;
+
+use std::path::Path;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -21,7 +29,18 @@ use crate::model::{
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{BoxError, StoreError};
+pub use leadership::Leadership;
+pub use postgres::{PostgresStore, SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION};
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
+
+/// Opens the state a coordinator was pointed at: the PostgreSQL database `database` when given
+/// (`kiln-coordinator --state postgres://…`), else the SQLite file `kiln.db` in `dir`.
+pub async fn open(dir: &Path, database: Option<&str>) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    Ok(match database {
+        Some(url) => std::sync::Arc::new(PostgresStore::connect(url).await?),
+        None => std::sync::Arc::new(SqliteStore::open(dir.join("kiln.db"))?),
+    })
+}
 
 /// The coordinator's state. Held as `Arc<dyn Store>`; every method is one atomic step.
 ///
@@ -138,4 +157,22 @@ pub trait Store: Send + Sync + 'static {
     /// Replaces the store's last listing.
     async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError>;
     async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError>;
+
+    // --- leadership (see [`leadership`]): trivially held on SQLite
+    /// Takes the farm's lease for `ttl` if no coordinator holds a live one, with a fencing token one
+    /// above the last; `None` while another's lease lives. From then on this handle's writes carry
+    /// the token, and are refused with [`StoreError::Fenced`] once another coordinator takes over.
+    async fn try_acquire_leadership(
+        &self,
+        holder: &str,
+        addr: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, StoreError>;
+    /// Extends the lease to `ttl` from now if its token is still current — even past its expiry,
+    /// as long as nobody took it meanwhile; else [`StoreError::Fenced`] naming who leads.
+    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StoreError>;
+    /// Ends the lease now (if its token is still current), so a standby need not wait out the TTL.
+    async fn resign_leadership(&self, leadership: &Leadership) -> Result<(), StoreError>;
+    /// The live lease, if a coordinator holds one.
+    async fn current_leader(&self) -> Result<Option<Leadership>, StoreError>;
 }

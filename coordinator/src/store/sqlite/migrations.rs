@@ -3,8 +3,8 @@
 //! A database at a version this code does not know is refused: an older kiln writing rows a newer
 //! schema interprets differently would corrupt state silently.
 //!
-//! The SQL is kept to what SQLite and PostgreSQL both accept (plain types, partial unique indexes,
-//! `ON CONFLICT … DO UPDATE`), so the PostgreSQL backend can start from the same list.
+//! PostgreSQL keeps its own list (`../postgres/migrations.rs`: its types, JSONB, the leader lease),
+//! so a new table or column is a migration in each.
 
 use std::path::Path;
 
@@ -160,13 +160,14 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path, now_ms: u64) -> Result
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(open_err)?;
         let current = current_version(&tx).map_err(open_err)?;
         if current > SCHEMA_VERSION {
-            return Err(StoreError::SchemaTooNew { path: path.to_owned(), found: current, known: SCHEMA_VERSION });
+            let database = path.display().to_string();
+            return Err(StoreError::SchemaTooNew { database, found: current, known: SCHEMA_VERSION });
         }
         if current >= version {
             continue;
         }
         let migrate_err = |err: rusqlite::Error| StoreError::Migrate {
-            path: path.to_owned(),
+            database: path.display().to_string(),
             version,
             from: current,
             err: Box::new(err),

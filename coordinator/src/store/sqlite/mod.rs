@@ -5,6 +5,10 @@
 //! so two processes cannot both read generation 3 and both write generation 4.
 //!
 //! rusqlite is blocking, so each call runs on tokio's blocking pool behind one `Mutex<Connection>`.
+//!
+//! Leadership is trivially held: one embedded coordinator serves the file (the CLI's home lock sees
+//! to that), so every acquisition succeeds with token 1 and nothing is ever fenced. The lease lives
+//! in memory only, for [`Store::current_leader`] to answer.
 
 mod catalog;
 mod claims;
@@ -26,7 +30,7 @@ use crate::model::{
     AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
     Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
-use crate::store::{Clock, Store, StoreError, SystemClock};
+use crate::store::{Clock, Leadership, Store, StoreError, SystemClock};
 
 pub use migrations::SCHEMA_VERSION;
 
@@ -44,6 +48,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     path: PathBuf,
     applied: Vec<u32>,
+    leader: Mutex<Option<Leadership>>,
 }
 
 impl SqliteStore {
@@ -71,7 +76,8 @@ impl SqliteStore {
             return Err(StoreError::Open { path, err: err.into() });
         }
         let applied = migrations::migrate(&mut conn, &path, clock.now_ms())?;
-        Ok(SqliteStore { inner: Arc::new(Inner { conn: Mutex::new(conn), clock, path, applied }) })
+        let leader = Mutex::new(None);
+        Ok(SqliteStore { inner: Arc::new(Inner { conn: Mutex::new(conn), clock, path, applied, leader }) })
     }
 
     /// The database file.
@@ -382,5 +388,39 @@ impl Store for SqliteStore {
     async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError> {
         let store = store.to_owned();
         self.run(format!("reading the inventory of store {store}"), move |c, _| catalog::inventory(c, &store)).await
+    }
+
+    async fn try_acquire_leadership(
+        &self,
+        holder: &str,
+        addr: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, StoreError> {
+        let expires_ms = self.inner.clock.now_ms().saturating_add(ttl.as_millis() as u64);
+        let leadership = Leadership { holder: holder.to_owned(), addr: addr.to_owned(), token: 1, expires_ms };
+        *self.leader() = Some(leadership.clone());
+        Ok(Some(leadership))
+    }
+
+    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StoreError> {
+        let expires_ms = self.inner.clock.now_ms().saturating_add(ttl.as_millis() as u64);
+        let renewed = Leadership { expires_ms, ..leadership.clone() };
+        *self.leader() = Some(renewed.clone());
+        Ok(renewed)
+    }
+
+    async fn resign_leadership(&self, _leadership: &Leadership) -> Result<(), StoreError> {
+        *self.leader() = None;
+        Ok(())
+    }
+
+    async fn current_leader(&self) -> Result<Option<Leadership>, StoreError> {
+        Ok(self.leader().clone())
+    }
+}
+
+impl SqliteStore {
+    fn leader(&self) -> std::sync::MutexGuard<'_, Option<Leadership>> {
+        self.inner.leader.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -1,0 +1,259 @@
+//! Converges and their event logs. One running converge per instance is the partial unique index
+//! `converges_one_running`: an open inserts with `ON CONFLICT … DO NOTHING`, which waits for a
+//! concurrent open of the same instance to commit or roll back, so of two coordinators racing, one
+//! inserts and the other is told which converge runs. Event seqs come from the converge's
+//! `last_seq`, bumped by an `UPDATE` that locks the converge's row: gap-free per converge, however
+//! many coordinators' tasks append at once.
+
+use deadpool_postgres::{GenericClient, Transaction};
+use tokio_postgres::Row;
+
+use super::{execute, from_json, int, query, query_opt, to_json, uint, Ctx};
+use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
+use crate::store::StoreError;
+
+const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, requested_by";
+
+/// How often an open retries when the converge it lost to finished before it could be named.
+const OPEN_ATTEMPTS: usize = 3;
+
+pub(super) async fn open(
+    tx: &Transaction<'_>,
+    now_ms: u64,
+    instance: &str,
+    requested_by: &str,
+    what: &str,
+) -> Result<Converge, StoreError> {
+    for _ in 0..OPEN_ATTEMPTS {
+        let converge = Converge {
+            id: ConvergeId::generate(now_ms),
+            instance: instance.to_owned(),
+            state: ConvergeState::Running,
+            started_ms: now_ms,
+            finished_ms: None,
+            requested_by: requested_by.to_owned(),
+        };
+        let inserted = execute(
+            tx,
+            "INSERT INTO converges (id, instance, state, started_ms, requested_by) VALUES ($1, $2, 'running', $3, $4) \
+             ON CONFLICT (instance) WHERE state = 'running' DO NOTHING",
+            &[&converge.id.as_str(), &instance, &int(now_ms), &requested_by],
+        )
+        .await
+        .ctx(what)?;
+        if inserted == 1 {
+            return Ok(converge);
+        }
+        let running = query_opt(tx, "SELECT id FROM converges WHERE instance = $1 AND state = 'running'", &[&instance])
+            .await
+            .ctx(what)?;
+        if let Some(row) = running {
+            return Err(StoreError::ConvergeRunning {
+                instance: instance.to_owned(),
+                running: row.get::<_, String>(0).into(),
+            });
+        }
+        // The converge that blocked this one finished in between: try again.
+    }
+    Err(StoreError::Backend {
+        what: what.to_owned(),
+        err: format!(
+            "other converges of {instance} kept starting and finishing; {OPEN_ATTEMPTS} attempts lost the race"
+        )
+        .into(),
+    })
+}
+
+pub(super) async fn append_event(
+    tx: &Transaction<'_>,
+    now_ms: u64,
+    id: &ConvergeId,
+    kind: EventKind,
+    image: Option<&str>,
+    message: &str,
+    what: &str,
+) -> Result<Event, StoreError> {
+    let seq = next_seq(tx, id, what).await?.ok_or_else(|| StoreError::UnknownConverge { id: id.clone() })?;
+    insert_event(tx, now_ms, id, seq, kind, image, message, what).await
+}
+
+pub(super) async fn events<C: GenericClient>(
+    c: &C,
+    id: &ConvergeId,
+    after_seq: Option<u64>,
+    what: &str,
+) -> Result<Vec<Event>, StoreError> {
+    if query_opt(c, "SELECT 1 FROM converges WHERE id = $1", &[&id.as_str()]).await.ctx(what)?.is_none() {
+        return Err(StoreError::UnknownConverge { id: id.clone() });
+    }
+    let rows = query(
+        c,
+        "SELECT seq, at_ms, image, kind::text, message FROM events WHERE converge_id = $1 AND seq > $2 ORDER BY seq",
+        &[&id.as_str(), &int(after_seq.unwrap_or(0))],
+    )
+    .await
+    .ctx(what)?;
+    rows.iter()
+        .map(|row| {
+            let seq = uint(row.get(0));
+            let kind = from_json(row.get(3), || format!("event {seq} of converge {id}"))?;
+            Ok(Event { seq, at_ms: uint(row.get(1)), image: row.get(2), kind, message: row.get(4) })
+        })
+        .collect()
+}
+
+/// The converge that most recently started building `reference`, from its `building` event.
+pub(super) async fn builder_of<C: GenericClient>(
+    c: &C,
+    reference: &str,
+    what: &str,
+) -> Result<Option<ConvergeId>, StoreError> {
+    // Matches the partial index `events_building`.
+    let row = query_opt(
+        c,
+        "SELECT converge_id FROM events WHERE kind->>'kind' = 'building' AND kind->>'reference' = $1 \
+         ORDER BY at_ms DESC, converge_id COLLATE \"C\" DESC, seq DESC LIMIT 1",
+        &[&reference],
+    )
+    .await
+    .ctx(what)?;
+    Ok(row.map(|row| ConvergeId::from(row.get::<_, String>(0))))
+}
+
+pub(super) async fn finish(
+    tx: &Transaction<'_>,
+    now_ms: u64,
+    id: &ConvergeId,
+    state: &ConvergeState,
+    what: &str,
+) -> Result<(), StoreError> {
+    let reason = match state {
+        ConvergeState::Running => return Err(StoreError::FinishAsRunning { id: id.clone() }),
+        ConvergeState::Succeeded => None,
+        ConvergeState::Failed { reason } => Some(reason.as_str()),
+    };
+    match state_of(tx, id, "FOR UPDATE", what).await? {
+        None => return Err(StoreError::UnknownConverge { id: id.clone() }),
+        Some(ConvergeState::Running) => {}
+        Some(finished) => return Err(StoreError::ConvergeFinished { id: id.clone(), state: finished }),
+    }
+    execute(
+        tx,
+        "UPDATE converges SET state = $2, reason = $3, finished_ms = $4 WHERE id = $1",
+        &[&id.as_str(), &state.name(), &reason, &int(now_ms)],
+    )
+    .await
+    .ctx(what)?;
+    Ok(())
+}
+
+pub(super) async fn get<C: GenericClient>(c: &C, id: &ConvergeId, what: &str) -> Result<Option<Converge>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM converges WHERE id = $1");
+    query_opt(c, &sql, &[&id.as_str()]).await.ctx(what)?.as_ref().map(decode).transpose()
+}
+
+pub(super) async fn list<C: GenericClient>(
+    c: &C,
+    instance: Option<&str>,
+    limit: usize,
+    what: &str,
+) -> Result<Vec<Converge>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let sql = format!(
+        "SELECT {COLUMNS} FROM converges WHERE $1::text IS NULL OR instance = $1 \
+         ORDER BY started_ms DESC, id COLLATE \"C\" DESC LIMIT $2"
+    );
+    query(c, &sql, &[&instance, &limit]).await.ctx(what)?.iter().map(decode).collect()
+}
+
+pub(super) async fn fail_in_flight(
+    tx: &Transaction<'_>,
+    now_ms: u64,
+    reason: &str,
+    what: &str,
+) -> Result<Vec<ConvergeId>, StoreError> {
+    let rows = query(
+        tx,
+        "UPDATE converges SET state = 'failed', reason = $1, finished_ms = $2, last_seq = last_seq + 1 \
+         WHERE state = 'running' RETURNING id, last_seq",
+        &[&reason, &int(now_ms)],
+    )
+    .await
+    .ctx(what)?;
+    let mut failed: Vec<(ConvergeId, u64)> =
+        rows.iter().map(|row| (ConvergeId::from(row.get::<_, String>(0)), uint(row.get(1)))).collect();
+    failed.sort();
+    for (id, seq) in &failed {
+        insert_event(tx, now_ms, id, *seq, EventKind::Failed, None, reason, what).await?;
+    }
+    Ok(failed.into_iter().map(|(id, _)| id).collect())
+}
+
+/// The converge's state, `None` if there is no such converge; `lock` is `FOR UPDATE` or `FOR SHARE`.
+pub(super) async fn state_of(
+    tx: &Transaction<'_>,
+    id: &ConvergeId,
+    lock: &str,
+    what: &str,
+) -> Result<Option<ConvergeState>, StoreError> {
+    let sql = format!("SELECT state, reason FROM converges WHERE id = $1 {lock}");
+    let row = query_opt(tx, &sql, &[&id.as_str()]).await.ctx(what)?;
+    row.map(|row| decode_state(id, row.get(0), row.get(1))).transpose()
+}
+
+/// Takes the converge's next event seq, locking its row until the transaction ends.
+async fn next_seq(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<Option<u64>, StoreError> {
+    let row =
+        query_opt(tx, "UPDATE converges SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq", &[&id.as_str()])
+            .await
+            .ctx(what)?;
+    Ok(row.map(|row| uint(row.get(0))))
+}
+
+#[allow(clippy::too_many_arguments)] // one event's columns, and where and why it is written
+async fn insert_event(
+    tx: &Transaction<'_>,
+    now_ms: u64,
+    id: &ConvergeId,
+    seq: u64,
+    kind: EventKind,
+    image: Option<&str>,
+    message: &str,
+    what: &str,
+) -> Result<Event, StoreError> {
+    let kind_json = to_json(&kind, what)?;
+    execute(
+        tx,
+        "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) VALUES ($1, $2, $3, $4, $5::text::jsonb, $6)",
+        &[&id.as_str(), &int(seq), &int(now_ms), &image, &kind_json, &message],
+    )
+    .await
+    .ctx(what)?;
+    Ok(Event { seq, at_ms: now_ms, image: image.map(str::to_owned), kind, message: message.to_owned() })
+}
+
+fn decode(row: &Row) -> Result<Converge, StoreError> {
+    let id = ConvergeId::from(row.get::<_, String>(0));
+    let state = decode_state(&id, row.get(2), row.get(3))?;
+    Ok(Converge {
+        id,
+        instance: row.get(1),
+        state,
+        started_ms: uint(row.get(4)),
+        finished_ms: row.get::<_, Option<i64>>(5).map(uint),
+        requested_by: row.get(6),
+    })
+}
+
+fn decode_state(id: &ConvergeId, state: &str, reason: Option<String>) -> Result<ConvergeState, StoreError> {
+    match state {
+        "running" => Ok(ConvergeState::Running),
+        "succeeded" => Ok(ConvergeState::Succeeded),
+        // A failure always carries its reason; an empty one still reads as failed.
+        "failed" => Ok(ConvergeState::Failed { reason: reason.unwrap_or_default() }),
+        other => Err(StoreError::Corrupt {
+            what: format!("converge {id}"),
+            err: format!("state {other:?} is not running, succeeded or failed").into(),
+        }),
+    }
+}

@@ -1,0 +1,595 @@
+//! [`PostgresStore`]: a farm's state in one PostgreSQL database that several coordinators share
+//! (DESIGN.md "High availability"). Built on `tokio-postgres` with a `deadpool-postgres` pool: the
+//! driver is async and pipelines, so no blocking pool is needed (SQLite's store needs one), and
+//! deadpool keeps each connection's prepared statements, so a call costs its statements' round
+//! trips and no re-parsing. (`sqlx` was the other candidate; its compile-time-checked queries need
+//! a database at build time or a committed query cache, and its migrator keeps its own table — the
+//! SQLite store's migration rules, below, are easier kept by hand.)
+//!
+//! What the database enforces, whichever coordinator asks:
+//! - **Records** are a compare-and-set under the instance's row lock (`instance_generations ...
+//!   FOR UPDATE`): two writers from one generation serialize, and the second sees the first's.
+//! - **One running converge per instance** is the partial unique index `converges_one_running`;
+//!   an open that loses the race is told which converge won.
+//! - **Claims** lock their converge's row `FOR SHARE`, so a converge cannot finish between the
+//!   check that it runs and the claim's insert, and claims of one converge never interleave with
+//!   its finish.
+//! - **Fencing**: every write transaction starts by locking the `leader_lease` row `FOR SHARE` and
+//!   comparing its token with the one this handle acquired ([`lease::fence`]). A takeover updates
+//!   that row, so it waits for every write in flight under the old token, and every write after it
+//!   reads the new token and is refused. Advisory locks were the alternative and fence nothing: one
+//!   is held by one session, not by the pool's other connections; it vanishes with its connection
+//!   while the process still believes it leads; it carries no number a write can be checked against;
+//!   and a partitioned session keeps it for as long as TCP takes to notice, not for a TTL.
+//!
+//! Time: stamps (`written_at_ms`, `started_ms`, events' `at_ms`) come from the injected [`Clock`],
+//! as on SQLite; the lease's expiry is the database's clock (`clock_timestamp()`), the one clock
+//! every coordinator reads alike.
+//!
+//! Contexts' bytes are not rows: only the context index is here, and the archives stay files in a
+//! content-addressed directory (`--data-dir`), which a farm puts on storage every coordinator
+//! mounts (NFS, a ReadWriteMany volume) so they survive the loss of one coordinator's disk. They
+//! are immutable and named by their digest, so coordinators sharing the directory need no locks
+//! (a temp file renamed into place; two writers of one digest write the same bytes). In the
+//! database they would cost more than they give: `bytea` values are read and written whole
+//! (a 500 MB context held in memory twice), large objects stream but live outside the tables'
+//! lifecycle (unlinked by hand, vacuumed apart), and either way every uploaded byte would be
+//! written again to the WAL and to every replica — uploads are the converge's hot path. A
+//! coordinator that lacks a file the index names asks for it again (`Contexts::missing` checks
+//! the file too), so an unshared directory costs re-uploads after a takeover, never a wrong build.
+
+mod catalog;
+mod claims;
+mod converges;
+mod lease;
+mod migrations;
+mod records;
+mod trust;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+use crate::model::{
+    AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory,
+    JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
+};
+use crate::store::{Clock, Leadership, Store, StoreError, SystemClock};
+
+pub use migrations::SCHEMA_VERSION;
+
+/// Connections per coordinator: a converge holds one only for a statement or a short transaction.
+const POOL_SIZE: usize = 16;
+/// How long a call waits for a connection (to be made, or freed by another call).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The coordinator's state in a PostgreSQL database.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    clock: Arc<dyn Clock>,
+    /// The URL without its password, for errors.
+    database: String,
+    applied: Vec<u32>,
+    /// The lease this handle acquired: its token goes into every write.
+    leadership: Mutex<Option<Leadership>>,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgres://user:password@host:port/database`, or
+    /// libpq's `key=value` form) and migrates it to [`SCHEMA_VERSION`], stamping with the system
+    /// clock.
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        PostgresStore::connect_with_clock(url, Arc::new(SystemClock)).await
+    }
+
+    /// [`PostgresStore::connect`] with the clock that stamps records, converges and events.
+    pub async fn connect_with_clock(url: &str, clock: Arc<dyn Clock>) -> Result<PostgresStore, StoreError> {
+        let mut config: tokio_postgres::Config =
+            url.parse().map_err(|err| StoreError::DatabaseUrl { err: Box::new(err) })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("kiln-coordinator");
+        }
+        let database = describe(&config);
+        // `Fast` recycling trusts a connection the driver has not seen close: a dead one fails its
+        // next statement, which the caller sees as a backend error, instead of every call paying a
+        // round trip to check.
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(CONNECT_TIMEOUT))
+            .build()
+            .map_err(|err| StoreError::Unreachable {
+                database: database.clone(),
+                what: "opening the store".into(),
+                err: Box::new(err),
+            })?;
+        let mut client = get(&pool, &database, "opening the store").await?;
+        let applied = migrations::migrate(&mut client, &database, clock.now_ms()).await?;
+        drop(client);
+        let leadership = Mutex::new(None);
+        Ok(PostgresStore { inner: Arc::new(Inner { pool, clock, database, applied, leadership }) })
+    }
+
+    /// The database, as its URL without the password.
+    pub fn database(&self) -> &str {
+        &self.inner.database
+    }
+
+    /// The schema versions this connect applied; empty when the database was already current.
+    pub fn migrations_applied(&self) -> &[u32] {
+        &self.inner.applied
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.inner.clock.now_ms()
+    }
+
+    async fn client(&self, what: &str) -> Result<Object, StoreError> {
+        get(&self.inner.pool, &self.inner.database, what).await
+    }
+
+    /// Opens a write transaction on `client`, fenced: it fails unless this handle's lease token is
+    /// still the farm's current one (or the farm has never had a leader and this handle claims none).
+    async fn write<'c>(&self, client: &'c mut Object, what: &str) -> Result<Transaction<'c>, StoreError> {
+        let tx = client.transaction().await.ctx(what)?;
+        let held = self.held();
+        lease::fence(&tx, held.as_ref(), what).await?;
+        Ok(tx)
+    }
+
+    fn held(&self) -> Option<Leadership> {
+        self.inner.leadership.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn set_held(&self, leadership: Option<Leadership>) {
+        *self.inner.leadership.lock().unwrap_or_else(PoisonError::into_inner) = leadership;
+    }
+}
+
+async fn get(pool: &Pool, database: &str, what: &str) -> Result<Object, StoreError> {
+    pool.get().await.map_err(|err| StoreError::Unreachable {
+        database: database.to_owned(),
+        what: what.to_owned(),
+        err: Box::new(err),
+    })
+}
+
+/// `postgres://user@host:port/database`: the URL without its password.
+fn describe(config: &tokio_postgres::Config) -> String {
+    let user = config.get_user().unwrap_or("");
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match host {
+                tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                tokio_postgres::config::Host::Unix(dir) => format!("{}:{port}", dir.display()),
+            }
+        })
+        .collect();
+    let dbname = config.get_dbname().unwrap_or(user);
+    format!("postgres://{user}@{}/{dbname}", hosts.join(","))
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore").field("database", &self.inner.database).finish_non_exhaustive()
+    }
+}
+
+/// Names a PostgreSQL failure by what the call was doing.
+trait Ctx<T> {
+    fn ctx(self, what: &str) -> Result<T, StoreError>;
+}
+
+impl<T> Ctx<T> for Result<T, tokio_postgres::Error> {
+    fn ctx(self, what: &str) -> Result<T, StoreError> {
+        self.map_err(|err| StoreError::Backend { what: what.to_owned(), err: Box::new(err) })
+    }
+}
+
+type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
+
+// Every statement goes through the connection's statement cache: parsed once per connection.
+async fn query<C: GenericClient>(c: &C, sql: &str, params: Params<'_>) -> Result<Vec<Row>, tokio_postgres::Error> {
+    let statement = c.prepare_cached(sql).await?;
+    c.query(&statement, params).await
+}
+
+async fn query_opt<C: GenericClient>(
+    c: &C,
+    sql: &str,
+    params: Params<'_>,
+) -> Result<Option<Row>, tokio_postgres::Error> {
+    let statement = c.prepare_cached(sql).await?;
+    c.query_opt(&statement, params).await
+}
+
+async fn query_one<C: GenericClient>(c: &C, sql: &str, params: Params<'_>) -> Result<Row, tokio_postgres::Error> {
+    let statement = c.prepare_cached(sql).await?;
+    c.query_one(&statement, params).await
+}
+
+async fn execute<C: GenericClient>(c: &C, sql: &str, params: Params<'_>) -> Result<u64, tokio_postgres::Error> {
+    let statement = c.prepare_cached(sql).await?;
+    c.execute(&statement, params).await
+}
+
+/// Milliseconds and counters are `BIGINT`: a value past `i64::MAX` (a lease "forever") saturates.
+fn int(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// A `BIGINT` this store wrote from a `u64`, back.
+fn uint(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+/// Decodes a JSON column (read as text), naming the row when it does not parse.
+fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StoreError> {
+    serde_json::from_str(json).map_err(|err| StoreError::Corrupt { what: row(), err: Box::new(err) })
+}
+
+fn to_json<T: serde::Serialize>(value: &T, what: &str) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|err| StoreError::Backend { what: what.to_owned(), err: Box::new(err) })
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StoreError> {
+        let what = format!("saving agent {}", agent.id);
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        catalog::upsert_agent(&tx, &agent, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
+        let what = "listing agents";
+        catalog::agents(&self.client(what).await?, what).await
+    }
+
+    async fn record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+        let what = format!("reading the record of instance {instance}");
+        records::nth(&self.client(&what).await?, instance, 0, &what).await
+    }
+
+    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+        let what = format!("reading the previous record of instance {instance}");
+        records::nth(&self.client(&what).await?, instance, 1, &what).await
+    }
+
+    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StoreError> {
+        let what = "listing records";
+        records::all(&self.client(what).await?, what).await
+    }
+
+    async fn write_record(
+        &self,
+        instance: &str,
+        expected: Option<Generation>,
+        images: Vec<RecordedImage>,
+    ) -> Result<Generation, StoreError> {
+        let what = format!("writing the record of instance {instance}");
+        let images = to_json(&images, &what)?;
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let generation = records::write(&tx, self.now_ms(), instance, expected, &images, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(generation)
+    }
+
+    async fn delete_record(&self, instance: &str) -> Result<bool, StoreError> {
+        let what = format!("deleting the record of instance {instance}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let deleted = records::delete(&tx, instance, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(deleted)
+    }
+
+    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StoreError> {
+        let what = format!("opening a converge of instance {instance}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let converge = converges::open(&tx, self.now_ms(), instance, requested_by, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(converge)
+    }
+
+    async fn append_event(
+        &self,
+        converge: &ConvergeId,
+        kind: EventKind,
+        image: Option<&str>,
+        message: &str,
+    ) -> Result<Event, StoreError> {
+        let what = format!("appending an event to converge {converge}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let event = converges::append_event(&tx, self.now_ms(), converge, kind, image, message, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(event)
+    }
+
+    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
+        let what = format!("reading the events of converge {converge}");
+        converges::events(&self.client(&what).await?, converge, after_seq, &what).await
+    }
+
+    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StoreError> {
+        let what = format!("finishing converge {converge}");
+        if state == ConvergeState::Running {
+            return Err(StoreError::FinishAsRunning { id: converge.clone() });
+        }
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        converges::finish(&tx, self.now_ms(), converge, &state, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StoreError> {
+        let what = format!("reading converge {converge}");
+        converges::get(&self.client(&what).await?, converge, &what).await
+    }
+
+    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError> {
+        let what = match instance {
+            Some(instance) => format!("listing the converges of instance {instance}"),
+            None => "listing converges".to_owned(),
+        };
+        converges::list(&self.client(&what).await?, instance, limit, &what).await
+    }
+
+    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StoreError> {
+        let what = format!("looking up the converge that built {reference}");
+        converges::builder_of(&self.client(&what).await?, reference, &what).await
+    }
+
+    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StoreError> {
+        let what = "failing converges left running";
+        let mut client = self.client(what).await?;
+        let tx = self.write(&mut client, what).await?;
+        let failed = converges::fail_in_flight(&tx, self.now_ms(), reason, what).await?;
+        tx.commit().await.ctx(what)?;
+        Ok(failed)
+    }
+
+    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StoreError> {
+        let what = format!("claiming refs for converge {converge}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        claims::claim(&tx, converge, refs, expires_ms, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError> {
+        let what = format!("renewing the claims of converge {converge}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let renewed = claims::renew(&tx, converge, expires_ms, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(renewed)
+    }
+
+    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StoreError> {
+        let what = format!("releasing the claims of converge {converge}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        claims::release(&tx, converge, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
+        let what = "listing live claims";
+        let mut client = self.client(what).await?;
+        let tx = self.write(&mut client, what).await?;
+        let live = claims::live(&tx, now_ms, what).await?;
+        tx.commit().await.ctx(what)?;
+        Ok(live)
+    }
+
+    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StoreError> {
+        let what = format!("pinning {reference}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let pinned = catalog::pin(&tx, self.now_ms(), reference, pinned_by, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(pinned)
+    }
+
+    async fn unpin(&self, reference: &str) -> Result<bool, StoreError> {
+        let what = format!("unpinning {reference}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let unpinned = catalog::unpin(&tx, reference, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(unpinned)
+    }
+
+    async fn put_token(&self, token: TokenRow) -> Result<(), StoreError> {
+        let what = format!("saving token {}", token.id);
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        trust::put_token(&tx, &token, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StoreError> {
+        let what = format!("reading token {id}");
+        trust::token(&self.client(&what).await?, id, &what).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+        let what = "listing tokens";
+        trust::tokens(&self.client(what).await?, what).await
+    }
+
+    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let what = format!("revoking token {id}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let done = trust::revoke_token(&tx, id, now_ms, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(done)
+    }
+
+    async fn put_join(&self, join: JoinRow) -> Result<(), StoreError> {
+        let what = format!("saving join token {}", join.id);
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        trust::put_join(&tx, &join, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StoreError> {
+        let what = format!("using join token {id}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let row = trust::use_join(&tx, id, now_ms, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(row)
+    }
+
+    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let what = format!("revoking agent {id}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let done = trust::revoke_agent(&tx, id, now_ms, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(done)
+    }
+
+    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        let what = "listing revoked agents";
+        trust::revoked_agents(&self.client(what).await?, what).await
+    }
+
+    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StoreError> {
+        let what = format!("reading the owner of instance {instance}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let owner = trust::own(&tx, instance, &claim, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(owner)
+    }
+
+    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StoreError> {
+        let what = format!("reading the owner of instance {instance}");
+        trust::owner(&self.client(&what).await?, instance, &what).await
+    }
+
+    async fn append_audit(&self, entry: AuditRow) -> Result<(), StoreError> {
+        let what = "writing the audit log";
+        let mut client = self.client(what).await?;
+        let tx = self.write(&mut client, what).await?;
+        trust::append_audit(&tx, &entry, what).await?;
+        tx.commit().await.ctx(what)
+    }
+
+    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StoreError> {
+        let what = "reading the audit log";
+        trust::audit(&self.client(what).await?, since_ms, actor, what).await
+    }
+
+    async fn pins(&self) -> Result<Vec<Pin>, StoreError> {
+        let what = "listing pins";
+        catalog::pins(&self.client(what).await?, what).await
+    }
+
+    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError> {
+        let what = "looking up contexts";
+        catalog::missing_contexts(&self.client(what).await?, digests, what).await
+    }
+
+    async fn put_context(&self, context: ContextRow) -> Result<(), StoreError> {
+        let what = format!("indexing context {}", context.digest);
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        catalog::put_context(&tx, &context, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StoreError> {
+        let what = format!("looking up context {digest}");
+        catalog::context(&self.client(&what).await?, digest, &what).await
+    }
+
+    async fn contexts(&self) -> Result<Vec<ContextRow>, StoreError> {
+        let what = "listing contexts";
+        catalog::contexts(&self.client(what).await?, what).await
+    }
+
+    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StoreError> {
+        let what = format!("collecting context {digest}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let deleted = catalog::delete_context_unless_claimed(&tx, digest, claim, now_ms, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(deleted)
+    }
+
+    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError> {
+        let what = format!("saving the inventory of store {store}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        catalog::put_inventory(&tx, store, &listing_json, listed_ms, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError> {
+        let what = format!("reading the inventory of store {store}");
+        catalog::inventory(&self.client(&what).await?, store, &what).await
+    }
+
+    async fn try_acquire_leadership(
+        &self,
+        holder: &str,
+        addr: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, StoreError> {
+        let what = format!("taking the farm's lease for {holder}");
+        let acquired = lease::acquire(&self.client(&what).await?, holder, addr, ttl, &what).await?;
+        if acquired.is_some() {
+            self.set_held(acquired.clone());
+        }
+        Ok(acquired)
+    }
+
+    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StoreError> {
+        let what = format!("renewing the farm's lease of {}", leadership.holder);
+        lease::renew(&self.client(&what).await?, leadership, ttl, &what).await
+    }
+
+    async fn resign_leadership(&self, leadership: &Leadership) -> Result<(), StoreError> {
+        let what = format!("resigning the farm's lease of {}", leadership.holder);
+        lease::resign(&self.client(&what).await?, leadership, &what).await?;
+        if self.held().is_some_and(|held| held.token == leadership.token) {
+            self.set_held(None);
+        }
+        Ok(())
+    }
+
+    async fn current_leader(&self) -> Result<Option<Leadership>, StoreError> {
+        let what = "reading the farm's lease";
+        lease::current(&self.client(what).await?, what).await
+    }
+}

@@ -68,27 +68,24 @@ fn is_id_ref(raw: &str) -> bool {
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
-/// Splits `name[:tag]`; a colon before the last `/` is a registry port, not a tag.
+/// Splits `name[:tag]`: the tag follows the last `:`, unless a `/` does too, which makes that
+/// colon a registry port (`localhost:5000/x`).
 fn split_tag(name_and_tag: &str) -> (&str, Option<&str>) {
-    let last_component = name_and_tag.rfind('/').map_or(0, |slash| slash + 1);
-    match name_and_tag[last_component..].rfind(':') {
-        Some(colon) => {
-            let colon = last_component + colon;
-            (&name_and_tag[..colon], Some(&name_and_tag[colon + 1..]))
-        }
-        None => (name_and_tag, None),
+    match name_and_tag.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, Some(tag)),
+        _ => (name_and_tag, None),
     }
 }
 
 /// Drops Docker Hub's implicit domain and official namespace; any other registry keeps its name.
+///
+/// Only the Hub's two domains need recognizing here. Docker's full rule for a first component
+/// being a domain (a `.`, a `:`, `localhost`, an uppercase letter) would decide nothing more: a
+/// first component that is another registry and one that is a Hub user both stay as written, and
+/// `library` — the only component this function strips — is neither.
 fn familiar_path(name: &str) -> &str {
     let path = match name.split_once('/') {
-        Some((first, rest)) if is_domain(first) => {
-            if !HUB_DOMAINS.contains(&first) {
-                return name;
-            }
-            rest
-        }
+        Some((first, rest)) if HUB_DOMAINS.contains(&first) => rest,
         _ => name,
     };
     match path.strip_prefix(OFFICIAL_NAMESPACE) {
@@ -96,12 +93,6 @@ fn familiar_path(name: &str) -> &str {
         Some(official) if !official.contains('/') => official,
         _ => path,
     }
-}
-
-/// Docker's rule for the first path component: a domain has a dot, a port, is `localhost`, or
-/// has an uppercase letter (which a repository path may not).
-fn is_domain(first: &str) -> bool {
-    first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// `import-2026-11-29`: the name `ctr images import` gives an image it was handed without one.
@@ -188,5 +179,28 @@ mod tests {
         assert_eq!(canonical("import-tool:1"), "import-tool:1");
         assert_eq!(canonical("import-2026-11-29:t"), "import-2026-11-29:t");
         assert_eq!(canonical("sha256:abc"), "sha256:abc");
+        // Not 64 lowercase hex digits: a repository `sha256` with a tag, as Docker reads it.
+        for raw in [format!("sha256:{}", &HEX[..63]), format!("sha256:{}", HEX.to_uppercase())] {
+            assert_eq!(canonical(&raw), raw);
+        }
+    }
+
+    #[test]
+    fn a_tagless_repository_named_import_something_pinned_by_digest_is_a_name() {
+        // A user's `import-tool`, pinned by digest, is no alias of kind's: it must be kept or
+        // swept as the name it is, and only `import-<digits and dashes>` is kind's.
+        for raw in [format!("import-tool@sha256:{HEX}"), format!("docker.io/library/import-tool@sha256:{HEX}")] {
+            assert_eq!(canonical(&raw), format!("import-tool@sha256:{HEX}"), "{raw}");
+        }
+        assert_eq!(canonical(&format!("import-@sha256:{HEX}")), format!("import-@sha256:{HEX}"));
+        assert_eq!(canonical(&format!("team/import-2026@sha256:{HEX}")), format!("team/import-2026@sha256:{HEX}"));
+    }
+
+    #[test]
+    fn a_colon_before_the_last_slash_is_a_port_not_a_tag() {
+        assert_eq!(canonical("reg:5000/x"), "reg:5000/x:latest");
+        assert_eq!(canonical("a:/b"), "a:/b:latest");
+        assert_eq!(canonical("reg:5000/x:t"), "reg:5000/x:t");
+        assert_eq!(canonical("x:"), "x:");
     }
 }

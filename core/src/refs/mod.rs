@@ -83,10 +83,13 @@ impl ImageRef {
     }
 
     /// Docker's short form: `docker.io/` and a lone `library/` dropped (`x:latest`, `x/y:t`).
+    /// `docker.io/` stays when the path would then read as another registry's name
+    /// (`docker.io/my.org/x`), so the short form always parses back to this ref.
     pub fn familiar(&self) -> String {
         let name = if self.domain == DEFAULT_DOMAIN {
             match self.path.strip_prefix(OFFICIAL_PREFIX) {
                 Some(rest) if !rest.contains('/') => rest.to_string(),
+                _ if split_domain(&self.path).0.is_some() => self.repository(),
                 _ => self.path.clone(),
             }
         } else {

@@ -7,6 +7,8 @@
 //! apart from names: those are aliases of an image, not names anyone chose, and the planner only
 //! removes them together with the whole image.
 
+use std::borrow::Cow;
+
 /// A ref after normalization.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum NormRef {
@@ -40,12 +42,12 @@ pub(super) fn normalize(raw: &str) -> NormRef {
     let (name, tag) = split_tag(name_and_tag);
     let path = familiar_path(name);
     if let (Some(digest), None) = (digest, tag) {
-        if is_import_name(path) {
+        if is_import_name(&path) {
             return NormRef::Alias { digest: digest.to_owned() };
         }
     }
     let mut canonical = String::with_capacity(path.len() + 16 + digest.map_or(0, str::len));
-    canonical.push_str(path);
+    canonical.push_str(&path);
     match (tag, digest) {
         (Some(tag), _) => {
             canonical.push(':');
@@ -78,21 +80,27 @@ fn split_tag(name_and_tag: &str) -> (&str, Option<&str>) {
 }
 
 /// Drops Docker Hub's implicit domain and official namespace; any other registry keeps its name.
-///
-/// Only the Hub's two domains need recognizing here. Docker's full rule for a first component
-/// being a domain (a `.`, a `:`, `localhost`, an uppercase letter) would decide nothing more: a
-/// first component that is another registry and one that is a Hub user both stay as written, and
-/// `library` — the only component this function strips — is neither.
-fn familiar_path(name: &str) -> &str {
+/// The Hub's domain stays (spelled `docker.io`) when what follows it would read as a domain of its
+/// own: `my.org/x` names another registry than `docker.io/my.org/x` does.
+fn familiar_path(name: &str) -> Cow<'_, str> {
     let path = match name.split_once('/') {
-        Some((first, rest)) if HUB_DOMAINS.contains(&first) => rest,
+        Some((first, rest)) if HUB_DOMAINS.contains(&first) => match rest.split_once('/') {
+            Some((next, _)) if is_domain(next) => return Cow::Owned(format!("{}/{rest}", HUB_DOMAINS[0])),
+            _ => rest,
+        },
         _ => name,
     };
     match path.strip_prefix(OFFICIAL_NAMESPACE) {
         // `library/x/y` is not an official image, so only a single component loses the namespace.
-        Some(official) if !official.contains('/') => official,
-        _ => path,
+        Some(official) if !official.contains('/') => Cow::Borrowed(official),
+        _ => Cow::Borrowed(path),
     }
+}
+
+/// Docker's rule for the first path component: a domain has a dot, a port, is `localhost`, or
+/// has an uppercase letter (which a repository path may not).
+fn is_domain(first: &str) -> bool {
+    first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// `import-2026-11-29`: the name `ctr images import` gives an image it was handed without one.
@@ -194,6 +202,22 @@ mod tests {
         }
         assert_eq!(canonical(&format!("import-@sha256:{HEX}")), format!("import-@sha256:{HEX}"));
         assert_eq!(canonical(&format!("team/import-2026@sha256:{HEX}")), format!("team/import-2026@sha256:{HEX}"));
+    }
+
+    #[test]
+    fn the_hub_domain_stays_where_the_rest_would_read_as_another_registry() {
+        // Found by the `refs` fuzz target: `docker.io/ocker.io/x` printed as `ocker.io/x`.
+        for (raw, want) in [
+            ("docker.io/my.org/x", "docker.io/my.org/x:latest"),
+            ("index.docker.io/my.org/x:t", "docker.io/my.org/x:t"),
+            ("docker.io/localhost/x", "docker.io/localhost/x:latest"),
+            ("docker.io/Team/x", "docker.io/Team/x:latest"),
+            ("docker.io/a:5/x", "docker.io/a:5/x:latest"),
+            ("docker.io/team/x", "team/x:latest"),
+            ("docker.io/library/my.org/x", "library/my.org/x:latest"),
+        ] {
+            assert_eq!(canonical(raw), want, "{raw}");
+        }
     }
 
     #[test]

@@ -20,6 +20,11 @@ pub mod kube;
 pub mod model;
 pub mod store;
 
+/// The `UpRequest` → `UpPlan` conversion, public only for the `up_request` fuzz target (`fuzz/`):
+/// not an API.
+#[doc(hidden)]
+pub mod plan;
+
 mod api;
 mod contexts;
 mod convert;
@@ -27,7 +32,6 @@ mod deliver;
 mod engine;
 mod events;
 mod hub;
-mod plan;
 mod relay;
 mod server;
 mod sweep;

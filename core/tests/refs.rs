@@ -46,6 +46,8 @@ fn normalizes_like_docker() {
         // keeps `docker.io/`, or its short form would name another registry.
         ("docker.io/my.org/x", "docker.io/my.org/x:latest", "docker.io/my.org/x:latest"),
         ("index.docker.io/localhost/x:1", "docker.io/localhost/x:1", "docker.io/localhost/x:1"),
+        // ... and the official `sha256` keeps `library/`: `sha256:<hex>` is an image id to Docker.
+        ("docker.io/sha256:beef", "docker.io/library/sha256:beef", "library/sha256:beef"),
     ];
     for (input, normalized, familiar) in cases {
         let r = parse(input);

@@ -27,6 +27,9 @@ pub(super) enum NormRef {
 const HUB_DOMAINS: [&str; 2] = ["docker.io", "index.docker.io"];
 const OFFICIAL_NAMESPACE: &str = "library/";
 const IMPORT_PREFIX: &str = "import-";
+/// Official repositories whose short form would read as a digest (`sha256:<hex>`), shared with
+/// [`crate::refs::ImageRef::familiar`].
+const DIGEST_ALGORITHMS: [&str; 3] = crate::refs::DIGEST_ALGORITHMS;
 
 // Not `crate::refs::ImageRef::parse`: a store lists refs no registry would accept (containerd keeps
 // whatever it was handed), and the planner must still compare them instead of failing; it is also
@@ -81,7 +84,8 @@ fn split_tag(name_and_tag: &str) -> (&str, Option<&str>) {
 
 /// Drops Docker Hub's implicit domain and official namespace; any other registry keeps its name.
 /// The Hub's domain stays (spelled `docker.io`) when what follows it would read as a domain of its
-/// own: `my.org/x` names another registry than `docker.io/my.org/x` does.
+/// own: `my.org/x` names another registry than `docker.io/my.org/x` does. And the official
+/// `library/sha256` keeps its namespace, since `sha256:<hex>` is how an image id is spelled.
 fn familiar_path(name: &str) -> Cow<'_, str> {
     let path = match name.split_once('/') {
         Some((first, rest)) if HUB_DOMAINS.contains(&first) => match rest.split_once('/') {
@@ -91,8 +95,10 @@ fn familiar_path(name: &str) -> Cow<'_, str> {
         _ => name,
     };
     match path.strip_prefix(OFFICIAL_NAMESPACE) {
+        Some(official) if DIGEST_ALGORITHMS.contains(&official) => Cow::Borrowed(path),
         // `library/x/y` is not an official image, so only a single component loses the namespace.
         Some(official) if !official.contains('/') => Cow::Borrowed(official),
+        None if DIGEST_ALGORITHMS.contains(&path) => Cow::Owned(format!("{OFFICIAL_NAMESPACE}{path}")),
         _ => Cow::Borrowed(path),
     }
 }
@@ -186,10 +192,10 @@ mod tests {
     fn names_that_only_resemble_aliases_stay_names() {
         assert_eq!(canonical("import-tool:1"), "import-tool:1");
         assert_eq!(canonical("import-2026-11-29:t"), "import-2026-11-29:t");
-        assert_eq!(canonical("sha256:abc"), "sha256:abc");
-        // Not 64 lowercase hex digits: a repository `sha256` with a tag, as Docker reads it.
-        for raw in [format!("sha256:{}", &HEX[..63]), format!("sha256:{}", HEX.to_uppercase())] {
-            assert_eq!(canonical(&raw), raw);
+        // Not 64 lowercase hex digits: the official repository `sha256` with a tag.
+        for raw in ["sha256:abc".to_owned(), format!("sha256:{}", &HEX[..63]), format!("sha256:{}", HEX.to_uppercase())]
+        {
+            assert_eq!(canonical(&raw), format!("library/{raw}"));
         }
     }
 
@@ -218,6 +224,16 @@ mod tests {
         ] {
             assert_eq!(canonical(raw), want, "{raw}");
         }
+    }
+
+    #[test]
+    fn the_official_sha256_repository_keeps_its_namespace() {
+        // Found by the `refs` fuzz target: `docker.io/sha256:<hex>` normalized to an id's spelling.
+        for raw in [format!("docker.io/sha256:{HEX}"), format!("library/sha256:{HEX}"), "sha256:t".to_owned()] {
+            assert!(canonical(&raw).starts_with("library/sha256:"), "{raw}");
+        }
+        assert_eq!(canonical("library/sha512"), "library/sha512:latest");
+        assert_eq!(canonical("team/sha256:t"), "team/sha256:t");
     }
 
     #[test]

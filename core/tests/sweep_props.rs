@@ -30,9 +30,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 
 const FARM: &str = "farm-a";
-// `import-tool` is a user's repository whose name merely starts like kind's `import-<date>` alias.
-const REPOS: [&str; 8] = ["api", "web", "import-tool", "base", "team/cron", "team/db", "tools/lint", "jobs"];
-const TAGS: [&str; 3] = ["latest", "t1", "t2"];
+// `import-tool` is a user's repository whose name merely starts like kind's `import-<date>` alias,
+// and `sha256:beef` a repository and tag that merely look like containerd's `sha256:<id>` alias.
+const REPOS: [&str; 8] = ["api", "web", "import-tool", "base", "team/cron", "team/db", "tools/lint", "sha256"];
+const TAGS: [&str; 3] = ["latest", "t1", "beef"];
 const REF_SLOTS: usize = REPOS.len() * TAGS.len();
 const IDS: usize = 10;
 const MAX_IMAGES: usize = 5;
@@ -322,9 +323,16 @@ fn parse(raw: &str) -> Parsed {
         path = path.strip_prefix(hub).unwrap_or(path);
     }
     if let Some(official) = path.strip_prefix("library/") {
-        if !official.contains('/') {
+        let repository = official.split(':').next().unwrap();
+        if !official.contains('/') && repository != "sha256" {
             path = official;
         }
+    }
+    // The official `sha256` keeps `library/`: `sha256:<hex>` is how an image id is spelled.
+    let with_namespace;
+    if path == "sha256" || path.starts_with("sha256:") {
+        with_namespace = format!("library/{path}");
+        path = &with_namespace;
     }
     // kind's alias is `import-<date>`: digits and dashes only, and never tagged.
     let import_date = path.strip_prefix("import-").filter(|date| !date.is_empty());

@@ -32,7 +32,10 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 const FARM: &str = "farm-a";
 // `import-tool` is a user's repository whose name merely starts like kind's `import-<date>` alias,
 // and `sha256:beef` a repository and tag that merely look like containerd's `sha256:<id>` alias.
-const REPOS: [&str; 8] = ["api", "web", "import-tool", "base", "team/cron", "team/db", "tools/lint", "sha256"];
+// `my.org/db`, `localhost/base` and `Team/cron` are other registries when written short and Hub
+// repositories when written behind `docker.io/`; `library/x/lint` is no official image.
+const REPOS: [&str; 9] =
+    ["api", "web", "import-tool", "localhost/base", "team/cron", "Team/cron", "my.org/db", "library/x/lint", "sha256"];
 const TAGS: [&str; 3] = ["latest", "t1", "beef"];
 const REF_SLOTS: usize = REPOS.len() * TAGS.len();
 const IDS: usize = 10;
@@ -128,6 +131,8 @@ enum RootForm {
     BareDigest(usize),
     /// The same repo and tag on another registry: must keep nothing here.
     Foreign(usize, usize),
+    /// The same, untagged: the registry's port must not be read as a tag.
+    ForeignUntagged(usize),
 }
 
 fn image_spec() -> impl Strategy<Value = ImageSpec> {
@@ -192,7 +197,8 @@ fn root() -> impl Strategy<Value = (Place, RootForm)> {
         1 => (repo.clone(), tag.clone(), image.clone()).prop_map(|(r, t, i)| RootForm::TagAtDigest(r, t, i)),
         1 => image.clone().prop_map(RootForm::BareId),
         1 => image.prop_map(RootForm::BareDigest),
-        1 => (repo, tag).prop_map(|(r, t)| RootForm::Foreign(r, t)),
+        1 => (repo.clone(), tag).prop_map(|(r, t)| RootForm::Foreign(r, t)),
+        1 => repo.prop_map(RootForm::ForeignUntagged),
     ];
     (place, form)
 }
@@ -291,6 +297,7 @@ fn build_roots(roots: &[(Place, RootForm)]) -> Roots {
             RootForm::BareId(i) => id(i),
             RootForm::BareDigest(i) => digest(i),
             RootForm::Foreign(r, t) => format!("reg.example.com:5000/{}:{}", REPOS[r], TAGS[t]),
+            RootForm::ForeignUntagged(r) => format!("reg.example.com:5000/{}", REPOS[r]),
         };
         match *place {
             Place::Claim => built.claims.push(raw),
@@ -319,8 +326,20 @@ fn parse(raw: &str) -> Parsed {
         Some((path, digest)) => (path, Some(digest.to_owned())),
         None => (raw, None),
     };
+    let mut hub_spelled = String::new();
     for hub in ["index.docker.io/", "docker.io/"] {
-        path = path.strip_prefix(hub).unwrap_or(path);
+        if let Some(rest) = path.strip_prefix(hub) {
+            path = rest;
+            // `docker.io/my.org/x` stays whole: `my.org/x` would be another registry's.
+            let first = rest.split('/').next().unwrap();
+            let domain_like =
+                first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase());
+            if rest.contains('/') && domain_like {
+                hub_spelled = format!("docker.io/{rest}");
+                path = &hub_spelled;
+                break;
+            }
+        }
     }
     if let Some(official) = path.strip_prefix("library/") {
         let repository = official.split(':').next().unwrap();

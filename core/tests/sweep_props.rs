@@ -556,6 +556,15 @@ fn every_garbage_name_goes_where_the_store_can_untag_(u: &Universe, tally: &mut 
             applicable.digests.extend(previous.digests);
         }
         let per_id = listing.kind == StoreKind::Node && listing.removal == RemovalMode::PerId;
+        let store_plan = plan.stores.iter().find(|s| s.store == listing.store).unwrap();
+        for removal in store_plan.removals.iter().filter(|_| !per_id) {
+            // A store that can untag names what it removes ref by ref; an id only for an image
+            // that has no ref at all.
+            if let RemovalTarget::Id(id) = &removal.target {
+                let image = listing.images.iter().find(|i| &i.id == id).unwrap();
+                prop_assert!(image.refs.is_empty(), "{id} removed by id on {} although it has refs", listing.store);
+            }
+        }
         for image in listing.images.iter().filter(|i| is_candidate(i) && !applicable.names_by_digest(i)) {
             let removed = removed_refs(&plan, &listing.store, image);
             let names: Vec<&String> = image.refs.iter().filter(|raw| parse(raw).name.is_some()).collect();

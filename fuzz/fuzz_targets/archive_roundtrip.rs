@@ -133,13 +133,16 @@ fn build(root: &std::path::Path, input: &Input) {
         };
     }
     if !input.ignore.is_empty() {
-        let text: Vec<&str> = input.ignore.iter().take(6).map(|&i| IGNORE_LINES[i as usize % IGNORE_LINES.len()]).collect();
+        let text: Vec<&str> =
+            input.ignore.iter().take(6).map(|&i| IGNORE_LINES[i as usize % IGNORE_LINES.len()]).collect();
         let _ = fs::write(root.join(".dockerignore"), text.join("\n"));
     }
 }
 
 fn roundtrip(dirs: &Dirs, input: &Input) {
-    let options = WalkOptions { dockerfile: input.dockerfile.map(|i| if i % 2 == 0 { "Dockerfile" } else { "src/Dockerfile" }.to_string()) };
+    let options = WalkOptions {
+        dockerfile: input.dockerfile.map(|i| if i % 2 == 0 { "Dockerfile" } else { "src/Dockerfile" }.to_string()),
+    };
     // A tree the walk refuses (a link out of the root, a bad .dockerignore) is never packed.
     let Ok((tree, digest)) = digest_dir(&dirs.tree, &options) else {
         return;

@@ -86,7 +86,10 @@ mod reference {
         DirStar,
         /// `**` at the end: anything (Docker's `.*`; `.` does not match a newline in Go).
         Tail,
-        Class { negated: bool, items: Vec<(char, char)> },
+        Class {
+            negated: bool,
+            items: Vec<(char, char)>,
+        },
     }
 
     /// moby's `ignorefile.ReadAll`, then `patternmatcher.New`: `None` when Docker refuses the file
@@ -183,13 +186,15 @@ mod reference {
         match first {
             Token::Literal(c) => path.first() == Some(c) && match_tokens(rest, &path[1..]),
             Token::One => path.first().is_some_and(|&c| c != '/') && match_tokens(rest, &path[1..]),
-            Token::Class { negated, items } => path.first().is_some_and(|&c| {
-                let member = items.iter().any(|&(lo, hi)| lo <= c && c <= hi);
-                member != *negated
-            }) && match_tokens(rest, &path[1..]),
-            Token::Star => (0..=path.len())
-                .take_while(|&n| n == 0 || path[n - 1] != '/')
-                .any(|n| match_tokens(rest, &path[n..])),
+            Token::Class { negated, items } => {
+                path.first().is_some_and(|&c| {
+                    let member = items.iter().any(|&(lo, hi)| lo <= c && c <= hi);
+                    member != *negated
+                }) && match_tokens(rest, &path[1..])
+            }
+            Token::Star => {
+                (0..=path.len()).take_while(|&n| n == 0 || path[n - 1] != '/').any(|n| match_tokens(rest, &path[n..]))
+            }
             // `(.*/)?`: Go's `.` stops at a newline.
             Token::DirStar => {
                 match_tokens(rest, path)
@@ -197,9 +202,9 @@ mod reference {
                         .take_while(|&n| !path[..n - 1].contains(&'\n'))
                         .any(|n| path[n - 1] == '/' && match_tokens(rest, &path[n..]))
             }
-            Token::Tail => (0..=path.len())
-                .take_while(|&n| n == 0 || path[n - 1] != '\n')
-                .any(|n| match_tokens(rest, &path[n..])),
+            Token::Tail => {
+                (0..=path.len()).take_while(|&n| n == 0 || path[n - 1] != '\n').any(|n| match_tokens(rest, &path[n..]))
+            }
         }
     }
 

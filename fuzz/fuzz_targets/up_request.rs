@@ -9,8 +9,17 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message as _;
 
 /// The fields a refusal may name (each message names the one it refuses).
-const FIELDS: &[&str] =
-    &["instance", "target", "registry", "platforms", "images[].name", "reference", "context_digest", "dockerfile", "kind"];
+const FIELDS: &[&str] = &[
+    "instance",
+    "target",
+    "registry",
+    "platforms",
+    "images[].name",
+    "reference",
+    "context_digest",
+    "dockerfile",
+    "kind",
+];
 
 fuzz_target!(|data: &[u8]| {
     let Ok(request) = pb::UpRequest::decode(data) else {

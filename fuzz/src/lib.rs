@@ -17,8 +17,13 @@ pub fn scratch() -> tempfile::TempDir {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Found {
     Dir,
-    File { mode: u32, content: Vec<u8> },
-    Symlink { target: Vec<u8> },
+    File {
+        mode: u32,
+        content: Vec<u8>,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
     /// A socket, fifo or device: nothing an unpack may ever create.
     Other,
 }

@@ -326,19 +326,16 @@ fn parse(raw: &str) -> Parsed {
         Some((path, digest)) => (path, Some(digest.to_owned())),
         None => (raw, None),
     };
-    let mut hub_spelled = String::new();
-    for hub in ["index.docker.io/", "docker.io/"] {
-        if let Some(rest) = path.strip_prefix(hub) {
-            path = rest;
-            // `docker.io/my.org/x` stays whole: `my.org/x` would be another registry's.
-            let first = rest.split('/').next().unwrap();
-            let domain_like =
-                first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase());
-            if rest.contains('/') && domain_like {
-                hub_spelled = format!("docker.io/{rest}");
-                path = &hub_spelled;
-                break;
-            }
+    let hub_spelled;
+    if let Some(rest) = ["index.docker.io/", "docker.io/"].iter().find_map(|hub| path.strip_prefix(hub)) {
+        path = rest;
+        // `docker.io/my.org/x` stays whole: `my.org/x` would be another registry's.
+        let first = rest.split('/').next().unwrap();
+        let domain_like =
+            first.contains(['.', ':']) || first == "localhost" || first.bytes().any(|b| b.is_ascii_uppercase());
+        if rest.contains('/') && domain_like {
+            hub_spelled = format!("docker.io/{rest}");
+            path = &hub_spelled;
         }
     }
     if let Some(official) = path.strip_prefix("library/") {

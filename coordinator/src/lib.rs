@@ -22,6 +22,11 @@ pub mod store;
 pub mod trust;
 
 mod address;
+/// The `UpRequest` → `UpPlan` conversion, public only for the `up_request` fuzz target (`fuzz/`):
+/// not an API.
+#[doc(hidden)]
+pub mod plan;
+
 mod api;
 mod contexts;
 mod convert;
@@ -29,7 +34,6 @@ mod deliver;
 mod engine;
 mod events;
 mod hub;
-mod plan;
 mod relay;
 mod server;
 mod sweep;

@@ -202,7 +202,7 @@ contxt = "api"
 
     let (err, msg, _) = fail("instance = \"a\"\nimages = 1\n", API);
     assert_eq!(err.line, Some(2));
-    assert_has(&msg, &["unknown key \"images\" at the top level", "instance, platforms, target, built"]);
+    assert_has(&msg, &["unknown key \"images\" at the top level", "instance, team, platforms, target, built"]);
 
     let (err, msg, _) = fail("instance = \"a\"\n[target]\nkind = \"kind\"\nclustr = \"x\"\n", API);
     assert_eq!(err.line, Some(4));
@@ -666,4 +666,19 @@ fn the_git_work_tree_is_the_default_root() {
     std::fs::write(repo.join("apps/.git"), "gitdir: /elsewhere\n").unwrap();
     std::fs::write(inst.join("kiln.toml"), format!("{WEB}context = \"../../shared/web\"\n")).unwrap();
     assert_has(&refused(&inst), &[&format!("outside the instance's root {} (the git", repo.join("apps").display())]);
+}
+
+#[test]
+fn a_team_names_the_instances_owner_and_must_be_a_label() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tmp.path().join("app")).unwrap();
+    std::fs::write(tmp.path().join("app/Dockerfile"), "FROM scratch\n").unwrap();
+    let manifest = |team: &str| {
+        format!("instance = \"shop\"\nteam = {team}\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n")
+    };
+    std::fs::write(tmp.path().join("kiln.toml"), manifest("\"payments\"")).unwrap();
+    assert_eq!(kiln_core::manifest::Manifest::load(tmp.path()).unwrap().team.as_deref(), Some("payments"));
+    std::fs::write(tmp.path().join("kiln.toml"), manifest("\"Pay Ments\"")).unwrap();
+    let err = kiln_core::manifest::Manifest::load(tmp.path()).unwrap_err().to_string();
+    assert!(err.contains("kiln.toml:2:") && err.contains("team"), "{err}");
 }

@@ -42,12 +42,19 @@ fn normalizes_like_docker() {
         ("a_b/c__d/e-f.g:V1.0_rc-2", "docker.io/a_b/c__d/e-f.g:V1.0_rc-2", "a_b/c__d/e-f.g:V1.0_rc-2"),
         // A ':' with no '/' after it starts a tag, as in Docker: this is Hub's `127.0.0.1` at tag 5000.
         ("127.0.0.1:5000", "docker.io/library/127.0.0.1:5000", "127.0.0.1:5000"),
+        // Found by the `refs` fuzz target: a Hub path whose first component reads as a domain
+        // keeps `docker.io/`, or its short form would name another registry.
+        ("docker.io/my.org/x", "docker.io/my.org/x:latest", "docker.io/my.org/x:latest"),
+        ("index.docker.io/localhost/x:1", "docker.io/localhost/x:1", "docker.io/localhost/x:1"),
+        // ... and the official `sha256` keeps `library/`: `sha256:<hex>` is an image id to Docker.
+        ("docker.io/sha256:beef", "docker.io/library/sha256:beef", "library/sha256:beef"),
     ];
     for (input, normalized, familiar) in cases {
         let r = parse(input);
         assert_eq!(r.normalized(), normalized, "normalized({input})");
         assert_eq!(r.familiar(), familiar, "familiar({input})");
         assert_eq!(r.to_string(), familiar, "Display({input})");
+        assert_eq!(parse(familiar), r, "the short form of {input} parses back to it");
     }
 }
 

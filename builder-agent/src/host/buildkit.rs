@@ -196,6 +196,14 @@ async fn read_answer(read: impl AsyncRead + Unpin, log: &Sender<String>) -> Resu
     })
 }
 
+/// [`read_answer`] over a daemon's whole answer held in memory: the image id, or the failure as
+/// Debug text. Exposed (through `host::buildkit_answer`) for the `buildkit_status` fuzz target in
+/// `fuzz/`, which feeds it arbitrary bytes; not an API.
+#[doc(hidden)]
+pub async fn decode_answer(answer: &[u8], log: &Sender<String>) -> Result<String, String> {
+    read_answer(answer, log).await.map_err(|failure| format!("{failure:?}"))
+}
+
 #[derive(Deserialize)]
 struct ApiError {
     message: String,
@@ -215,6 +223,9 @@ enum Taken {
     Image(String),
     Error(String),
 }
+
+/// The most of one step's output held back waiting for its newline.
+const PARTIAL_MAX: usize = 16 << 10;
 
 /// The steps seen so far, numbered in the order they appeared (`#3`, as `docker build` prints them).
 #[derive(Debug, Default)]
@@ -262,6 +273,7 @@ impl Progress {
     /// The log lines one status update adds: a step's start (or cache hit), its output, its error.
     fn status(&mut self, status: StatusResponse) -> Vec<String> {
         let mut lines = Vec::new();
+        let mut ended = Vec::new();
         for vertex in status.vertexes {
             let number = self.steps.len() + 1;
             let step = self.steps.entry(vertex.digest.clone()).or_insert_with(|| Step {
@@ -279,8 +291,10 @@ impl Progress {
             if !vertex.error.is_empty() {
                 lines.push(format!("#{} ERROR: {}", step.number, vertex.error));
                 self.failed.get_or_insert(vertex.digest.clone());
+                ended.push(vertex.digest);
             } else if vertex.completed.is_some() && !step.done {
                 step.done = true;
+                ended.push(vertex.digest);
             }
         }
         for out in status.logs {
@@ -290,6 +304,23 @@ impl Progress {
             while let Some(end) = partial.find('\n') {
                 let text: String = partial.drain(..=end).collect();
                 lines.push(format!("#{number} {}", text.trim_end_matches(['\n', '\r'])));
+            }
+            // Output that never ends its line (a progress bar redrawn with `\r`) would otherwise
+            // be held for the whole build: past a bound it is shown as it is.
+            while partial.len() > PARTIAL_MAX {
+                let mut cut = PARTIAL_MAX;
+                while !partial.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                let text: String = partial.drain(..cut).collect();
+                lines.push(format!("#{number} {text}"));
+            }
+        }
+        // A step's last words may lack a newline (`printf 'error: …'; exit 1`): shown when it ends.
+        for digest in ended {
+            if let Some(text) = self.partial.remove(&digest).filter(|text| !text.is_empty()) {
+                let number = self.steps.get(&digest).map(|s| s.number).unwrap_or(0);
+                lines.push(format!("#{number} {}", text.trim_end_matches('\r')));
             }
         }
         lines
@@ -370,6 +401,36 @@ mod tests {
         let id = serde_json::from_str::<Message>(r#"{"id":"moby.image.id","aux":{"ID":"sha256:ab"}}"#).unwrap();
         assert!(matches!(progress.take(id), Taken::Image(id) if id == "sha256:ab"));
         assert_eq!(progress.failed_step(), None);
+    }
+
+    #[test]
+    fn a_step_s_last_line_without_a_newline_is_shown_when_the_step_ends() {
+        let mut progress = Progress::default();
+        let run = StatusResponse {
+            vertexes: vec![vertex("d1", "[1/1] RUN fail", true, "")],
+            logs: vec![VertexLog { vertex: "d1".into(), msg: b"first\nerror: no such file".to_vec() }],
+        };
+        assert_eq!(lines(progress.take(trace(run))), ["#1 [1/1] RUN fail", "#1 first"]);
+        let failed =
+            StatusResponse { vertexes: vec![vertex("d1", "[1/1] RUN fail", true, "exit code: 1")], logs: vec![] };
+        assert_eq!(lines(progress.take(trace(failed))), ["#1 ERROR: exit code: 1", "#1 error: no such file"]);
+        assert!(progress.partial.is_empty());
+    }
+
+    #[test]
+    fn output_that_never_ends_its_line_is_shown_in_bounded_pieces() {
+        let mut progress = Progress::default();
+        let bar = "\r[=====>   ] 42%".repeat(4096);
+        let run = StatusResponse {
+            vertexes: vec![vertex("d1", "[1/1] RUN fetch", true, "")],
+            logs: vec![VertexLog { vertex: "d1".into(), msg: bar.clone().into_bytes() }],
+        };
+        let shown = lines(progress.take(trace(run)));
+        assert!(shown.len() > 2, "{} lines", shown.len());
+        assert!(shown.iter().all(|line| line.len() <= PARTIAL_MAX + 3));
+        assert!(progress.partial["d1"].len() <= PARTIAL_MAX);
+        let held: usize = shown[1..].iter().map(|line| line.len() - 3).sum::<usize>() + progress.partial["d1"].len();
+        assert_eq!(held, bar.len(), "nothing is lost");
     }
 
     #[test]

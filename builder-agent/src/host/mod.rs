@@ -31,6 +31,10 @@ pub use verify::verify_context;
 /// Docker. It is not part of the verified tree; a context that already holds this name is refused.
 pub use body::OUTSIDE_DOCKERFILE;
 
+/// The BuildKit answer decoder, for the `buildkit_status` fuzz target (`fuzz/`): not an API.
+#[doc(hidden)]
+pub use buildkit::decode_answer as buildkit_answer;
+
 use async_trait::async_trait;
 use kiln_core::refs::ImageRef;
 use kiln_core::sweep::{ListedImage, LABEL_FARM, LABEL_KIND};

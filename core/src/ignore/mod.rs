@@ -63,16 +63,30 @@ impl DockerIgnore {
             if trimmed.is_empty() {
                 continue;
             }
-            let (exception, body) = match trimmed.strip_prefix('!') {
+            // moby's ignorefile reader: `!` off, trimmed again, cleaned, one leading `/` off.
+            let (invert, body) = match trimmed.strip_prefix('!') {
                 Some(rest) => (true, rest.trim()),
                 None => (false, trimmed),
             };
-            let mut cleaned = if body.is_empty() { String::new() } else { go_clean(body) };
-            if cleaned.len() > 1 && cleaned.starts_with('/') {
-                cleaned.remove(0);
+            let mut read = if body.is_empty() { String::new() } else { go_clean(body) };
+            if read.len() > 1 && read.starts_with('/') {
+                read.remove(0);
             }
-            // Docker cleans the `!`-prefixed line a second time, which turns `!/` into a bare `!`.
-            if exception && (cleaned.is_empty() || cleaned == "/") {
+            if invert {
+                read.insert(0, '!');
+            }
+            // Then patternmatcher.New trims and cleans the line once more and only then takes the
+            // `!` off: `/ a` means `a`, `/!a` is an exception, and `!/` is a bare `!`.
+            let again = read.trim();
+            if again.is_empty() {
+                continue;
+            }
+            let again = go_clean(again);
+            let (exception, cleaned) = match again.strip_prefix('!') {
+                Some(rest) => (true, rest.to_string()),
+                None => (false, again),
+            };
+            if exception && cleaned.is_empty() {
                 return Err(IgnoreError::EmptyException { line, pattern: trimmed.to_string() });
             }
             let bad = |why| IgnoreError::BadPattern { line, pattern: trimmed.to_string(), why };
@@ -210,6 +224,20 @@ mod tests {
         assert!(!di.is_excluded("foo"));
         let di = ignore("a//b/./c/\n");
         assert!(di.is_excluded("a/b/c"));
+    }
+
+    #[test]
+    fn a_line_is_trimmed_and_cleaned_again_after_its_leading_slash_goes_as_docker_does() {
+        // Found by the `dockerignore` fuzz target (differential against Docker's reader).
+        let di = ignore("/ a\n");
+        assert!(di.is_excluded("a"));
+        assert!(!di.is_excluded(" a"));
+        let di = ignore("*\n/!keep\n");
+        assert!(!di.is_excluded("keep"), "`/!keep` is an exception once its slash is gone");
+        assert!(di.is_excluded("other"));
+        let di = ignore("/\t/a/..\n");
+        assert!(!di.is_excluded("\t"), "a line that trims to nothing is no pattern");
+        assert!(matches!(DockerIgnore::parse("!/\n"), Err(IgnoreError::EmptyException { line: 1, .. })));
     }
 
     #[test]

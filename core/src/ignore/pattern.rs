@@ -234,8 +234,16 @@ fn go_regex_to_rust(go: &str) -> String {
     while i < chars.len() {
         let c = chars[i];
         if c == '\\' && i + 1 < chars.len() {
-            out.push(c);
-            out.push(chars[i + 1]);
+            let next = chars[i + 1];
+            if next.is_ascii() && !next.is_ascii_alphanumeric() {
+                // Go reads `\` before any ASCII non-word character as that character. Rust reads
+                // `\<` and `\>` as word boundaries and refuses some other escapes: spell the
+                // character Rust's way instead (escaped only where Rust needs it).
+                out.push_str(&regex::escape(next.encode_utf8(&mut [0; 4])));
+            } else {
+                out.push(c);
+                out.push(next);
+            }
             i += 2;
             continue;
         }
@@ -305,6 +313,18 @@ mod tests {
         ] {
             assert_eq!(go_clean(input), want, "clean({input:?})");
         }
+    }
+
+    #[test]
+    fn an_escaped_punctuation_character_is_that_character_as_in_go() {
+        // Found by the `dockerignore` fuzz target: Rust's regex reads `\>` as a word boundary
+        // and refused it inside a class, where Go's reads the character itself.
+        let di = DockerIgnore::parse("a\\>b\n[x\\<]y\n\\ c*\n").unwrap();
+        assert!(di.is_excluded("a>b"));
+        assert!(di.is_excluded("<y"));
+        assert!(di.is_excluded("xy"));
+        assert!(di.is_excluded(" cat"));
+        assert!(!di.is_excluded("ab"));
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub const DEFAULT_DOMAIN: &str = "docker.io";
 const LEGACY_DEFAULT_DOMAIN: &str = "index.docker.io";
 /// Docker Hub's namespace for official images: `postgres` is `library/postgres`.
 const OFFICIAL_PREFIX: &str = "library/";
+/// Digest algorithms Docker knows: an official repository of one of these names keeps its
+/// `library/` in the short form, which would otherwise read as a digest (`sha256:<hex>`).
+pub(crate) const DIGEST_ALGORITHMS: [&str; 3] = ["sha256", "sha384", "sha512"];
 /// Docker's limit on `domain/path`; registries refuse longer names.
 pub const NAME_TOTAL_LENGTH_MAX: usize = 255;
 /// Docker's limit on a tag (the grammar's `{0,127}` after the first character).
@@ -83,10 +86,15 @@ impl ImageRef {
     }
 
     /// Docker's short form: `docker.io/` and a lone `library/` dropped (`x:latest`, `x/y:t`).
+    /// `docker.io/` stays when the path would then read as another registry's name
+    /// (`docker.io/my.org/x`), and `library/` when the name would read as a digest
+    /// (`library/sha256:<hex>`), so the short form always parses back to this ref, in Kiln and
+    /// in Docker.
     pub fn familiar(&self) -> String {
         let name = if self.domain == DEFAULT_DOMAIN {
             match self.path.strip_prefix(OFFICIAL_PREFIX) {
-                Some(rest) if !rest.contains('/') => rest.to_string(),
+                Some(rest) if !rest.contains('/') && !DIGEST_ALGORITHMS.contains(&rest) => rest.to_string(),
+                _ if split_domain(&self.path).0.is_some() => self.repository(),
                 _ => self.path.clone(),
             }
         } else {

@@ -19,6 +19,17 @@ use std::fmt;
 pub use hold::{farm_key, hold_key, hold_ref, HOLD_NAMESPACE};
 pub use plan::{plan, reclaimed};
 
+/// The planner's own ref normalization, exposed for the `refs` fuzz target (`fuzz/`), which holds
+/// it to [`crate::refs::ImageRef`] on every ref both accept: the canonical name, or `None` for
+/// an alias (`sha256:<id>`, kind's `import-<date>@sha256:…`). Not an API.
+#[doc(hidden)]
+pub fn canonical_name(raw: &str) -> Option<String> {
+    match normalize::normalize(raw) {
+        normalize::NormRef::Named { canonical, .. } => Some(canonical),
+        normalize::NormRef::Alias { .. } => None,
+    }
+}
+
 /// Label naming what Kiln built: `image` or `shared`. An image without it is never swept.
 pub const LABEL_KIND: &str = "kiln.dev/kind";
 /// Label naming the instance that owns a built image (absent on `shared` images).

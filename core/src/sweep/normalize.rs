@@ -7,6 +7,8 @@
 //! apart from names: those are aliases of an image, not names anyone chose, and the planner only
 //! removes them together with the whole image.
 
+use std::borrow::Cow;
+
 /// A ref after normalization.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum NormRef {
@@ -25,6 +27,9 @@ pub(super) enum NormRef {
 const HUB_DOMAINS: [&str; 2] = ["docker.io", "index.docker.io"];
 const OFFICIAL_NAMESPACE: &str = "library/";
 const IMPORT_PREFIX: &str = "import-";
+/// Official repositories whose short form would read as a digest (`sha256:<hex>`), shared with
+/// [`crate::refs::ImageRef::familiar`].
+const DIGEST_ALGORITHMS: [&str; 3] = crate::refs::DIGEST_ALGORITHMS;
 
 // Not `crate::refs::ImageRef::parse`: a store lists refs no registry would accept (containerd keeps
 // whatever it was handed), and the planner must still compare them instead of failing; it is also
@@ -40,12 +45,12 @@ pub(super) fn normalize(raw: &str) -> NormRef {
     let (name, tag) = split_tag(name_and_tag);
     let path = familiar_path(name);
     if let (Some(digest), None) = (digest, tag) {
-        if is_import_name(path) {
+        if is_import_name(&path) {
             return NormRef::Alias { digest: digest.to_owned() };
         }
     }
     let mut canonical = String::with_capacity(path.len() + 16 + digest.map_or(0, str::len));
-    canonical.push_str(path);
+    canonical.push_str(&path);
     match (tag, digest) {
         (Some(tag), _) => {
             canonical.push(':');
@@ -68,33 +73,33 @@ fn is_id_ref(raw: &str) -> bool {
         .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
-/// Splits `name[:tag]`; a colon before the last `/` is a registry port, not a tag.
+/// Splits `name[:tag]`: the tag follows the last `:`, unless a `/` does too, which makes that
+/// colon a registry port (`localhost:5000/x`).
 fn split_tag(name_and_tag: &str) -> (&str, Option<&str>) {
-    let last_component = name_and_tag.rfind('/').map_or(0, |slash| slash + 1);
-    match name_and_tag[last_component..].rfind(':') {
-        Some(colon) => {
-            let colon = last_component + colon;
-            (&name_and_tag[..colon], Some(&name_and_tag[colon + 1..]))
-        }
-        None => (name_and_tag, None),
+    match name_and_tag.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, Some(tag)),
+        _ => (name_and_tag, None),
     }
 }
 
 /// Drops Docker Hub's implicit domain and official namespace; any other registry keeps its name.
-fn familiar_path(name: &str) -> &str {
+/// The Hub's domain stays (spelled `docker.io`) when what follows it would read as a domain of its
+/// own: `my.org/x` names another registry than `docker.io/my.org/x` does. And the official
+/// `library/sha256` keeps its namespace, since `sha256:<hex>` is how an image id is spelled.
+fn familiar_path(name: &str) -> Cow<'_, str> {
     let path = match name.split_once('/') {
-        Some((first, rest)) if is_domain(first) => {
-            if !HUB_DOMAINS.contains(&first) {
-                return name;
-            }
-            rest
-        }
+        Some((first, rest)) if HUB_DOMAINS.contains(&first) => match rest.split_once('/') {
+            Some((next, _)) if is_domain(next) => return Cow::Owned(format!("{}/{rest}", HUB_DOMAINS[0])),
+            _ => rest,
+        },
         _ => name,
     };
     match path.strip_prefix(OFFICIAL_NAMESPACE) {
+        Some(official) if DIGEST_ALGORITHMS.contains(&official) => Cow::Borrowed(path),
         // `library/x/y` is not an official image, so only a single component loses the namespace.
-        Some(official) if !official.contains('/') => official,
-        _ => path,
+        Some(official) if !official.contains('/') => Cow::Borrowed(official),
+        None if DIGEST_ALGORITHMS.contains(&path) => Cow::Owned(format!("{OFFICIAL_NAMESPACE}{path}")),
+        _ => Cow::Borrowed(path),
     }
 }
 
@@ -187,6 +192,55 @@ mod tests {
     fn names_that_only_resemble_aliases_stay_names() {
         assert_eq!(canonical("import-tool:1"), "import-tool:1");
         assert_eq!(canonical("import-2026-11-29:t"), "import-2026-11-29:t");
-        assert_eq!(canonical("sha256:abc"), "sha256:abc");
+        // Not 64 lowercase hex digits: the official repository `sha256` with a tag.
+        for raw in ["sha256:abc".to_owned(), format!("sha256:{}", &HEX[..63]), format!("sha256:{}", HEX.to_uppercase())]
+        {
+            assert_eq!(canonical(&raw), format!("library/{raw}"));
+        }
+    }
+
+    #[test]
+    fn a_tagless_repository_named_import_something_pinned_by_digest_is_a_name() {
+        // A user's `import-tool`, pinned by digest, is no alias of kind's: it must be kept or
+        // swept as the name it is, and only `import-<digits and dashes>` is kind's.
+        for raw in [format!("import-tool@sha256:{HEX}"), format!("docker.io/library/import-tool@sha256:{HEX}")] {
+            assert_eq!(canonical(&raw), format!("import-tool@sha256:{HEX}"), "{raw}");
+        }
+        assert_eq!(canonical(&format!("import-@sha256:{HEX}")), format!("import-@sha256:{HEX}"));
+        assert_eq!(canonical(&format!("team/import-2026@sha256:{HEX}")), format!("team/import-2026@sha256:{HEX}"));
+    }
+
+    #[test]
+    fn the_hub_domain_stays_where_the_rest_would_read_as_another_registry() {
+        // Found by the `refs` fuzz target: `docker.io/ocker.io/x` printed as `ocker.io/x`.
+        for (raw, want) in [
+            ("docker.io/my.org/x", "docker.io/my.org/x:latest"),
+            ("index.docker.io/my.org/x:t", "docker.io/my.org/x:t"),
+            ("docker.io/localhost/x", "docker.io/localhost/x:latest"),
+            ("docker.io/Team/x", "docker.io/Team/x:latest"),
+            ("docker.io/a:5/x", "docker.io/a:5/x:latest"),
+            ("docker.io/team/x", "team/x:latest"),
+            ("docker.io/library/my.org/x", "library/my.org/x:latest"),
+        ] {
+            assert_eq!(canonical(raw), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn the_official_sha256_repository_keeps_its_namespace() {
+        // Found by the `refs` fuzz target: `docker.io/sha256:<hex>` normalized to an id's spelling.
+        for raw in [format!("docker.io/sha256:{HEX}"), format!("library/sha256:{HEX}"), "sha256:t".to_owned()] {
+            assert!(canonical(&raw).starts_with("library/sha256:"), "{raw}");
+        }
+        assert_eq!(canonical("library/sha512"), "library/sha512:latest");
+        assert_eq!(canonical("team/sha256:t"), "team/sha256:t");
+    }
+
+    #[test]
+    fn a_colon_before_the_last_slash_is_a_port_not_a_tag() {
+        assert_eq!(canonical("reg:5000/x"), "reg:5000/x:latest");
+        assert_eq!(canonical("a:/b"), "a:/b:latest");
+        assert_eq!(canonical("reg:5000/x:t"), "reg:5000/x:t");
+        assert_eq!(canonical("x:"), "x:");
     }
 }

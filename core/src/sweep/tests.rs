@@ -302,3 +302,33 @@ fn a_farm_drops_its_own_hold_once_no_root_of_its_own_names_the_image() {
         store("host", StoreKind::Host, RemovalMode::PerRef, vec![of_farm(image(1, &[tag, &c_hold], 50), "farm-a")]);
     assert!(plan(&[third], &Roots::default(), &b).stores[0].removals.is_empty());
 }
+
+#[test]
+fn a_plan_with_removals_is_not_empty_and_frees_the_sum_of_its_stores() {
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &["api:old"], 70)]);
+    let node = store("node", StoreKind::Node, RemovalMode::PerId, vec![image(2, &["api:older"], 30)]);
+    let plan = plan(&[host, node], &Roots::default(), &policy());
+    assert!(!plan.is_empty());
+    assert_eq!(plan.freed_bytes(), 100);
+    assert_eq!(plan.stores.iter().map(|store| store.freed_bytes).collect::<Vec<_>>(), vec![70, 30]);
+}
+
+#[test]
+fn a_plan_that_only_reports_ids_kept_whole_is_empty() {
+    let node = store("node", StoreKind::Node, RemovalMode::PerId, vec![image(1, &["api:new", "api:old"], 100)]);
+    let plan = plan(&[node], &claims(&["api:new"]), &policy());
+    assert_eq!(plan.stores[0].kept_whole.len(), 1);
+    assert!(plan.is_empty());
+    assert_eq!(plan.freed_bytes(), 0);
+}
+
+#[test]
+fn a_store_id_displays_as_its_name() {
+    assert_eq!(StoreId("kind:worker@agent-1".to_owned()).to_string(), "kind:worker@agent-1");
+}
+
+#[test]
+fn the_exposed_normalization_names_names_and_not_aliases() {
+    assert_eq!(canonical_name("docker.io/library/api").as_deref(), Some("api:latest"));
+    assert_eq!(canonical_name(&id(1)), None);
+}

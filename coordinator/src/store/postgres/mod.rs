@@ -56,8 +56,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::model::{
-    AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation, Inventory,
-    JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
+    AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
+    Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
 use crate::store::{Clock, Leadership, Store, StoreError, SystemClock};
 

@@ -80,7 +80,12 @@ pub(super) async fn put_join(tx: &Transaction<'_>, j: &JoinRow, what: &str) -> R
 
 /// Uses the join token once: its row is locked, so two agents presenting it at once serialize and
 /// the second sees it used.
-pub(super) async fn use_join(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<Option<JoinRow>, StoreError> {
+pub(super) async fn use_join(
+    tx: &Transaction<'_>,
+    id: &str,
+    now_ms: u64,
+    what: &str,
+) -> Result<Option<JoinRow>, StoreError> {
     let row = query_opt(
         tx,
         "SELECT id, hash, role, cluster, created_ms, expires_ms, used_ms FROM join_tokens WHERE id = $1 FOR UPDATE",
@@ -150,7 +155,12 @@ pub(super) async fn append_audit(tx: &Transaction<'_>, a: &AuditRow, what: &str)
     Ok(())
 }
 
-pub(super) async fn audit<C: GenericClient>(c: &C, since_ms: u64, actor: Option<&str>, what: &str) -> Result<Vec<AuditRow>, StoreError> {
+pub(super) async fn audit<C: GenericClient>(
+    c: &C,
+    since_ms: u64,
+    actor: Option<&str>,
+    what: &str,
+) -> Result<Vec<AuditRow>, StoreError> {
     let rows = query(
         c,
         "SELECT at_ms, actor, action, target, address, outcome FROM audit \

@@ -291,6 +291,17 @@ where
 /// The coordinator's error answer to `call`, or — for a transport failure — the unreachable
 /// address with the OS's reason.
 pub fn refused_by(link: &Link, call: &'static str, status: tonic::Status) -> CliError {
+    // A plaintext client at a TLS server connects, then reads the server's TLS bytes as broken
+    // HTTP/2 frames: say what it is rather than "h2 protocol error".
+    // Which of h2's errors surfaces first varies ("h2 protocol error", "operation was canceled"),
+    // so any connection-level failure of a plaintext call is read as this.
+    let transport = std::error::Error::source(&status).is_some();
+    if transport && link.url.starts_with("http://") && status.code() != tonic::Code::Unavailable {
+        return CliError::TlsMismatch {
+            at: link.at.clone(),
+            reason: format!("the connection broke as soon as it was used ({})", status.message()),
+        };
+    }
     if status.code() == tonic::Code::Unavailable {
         return CliError::Unreachable { at: link.at.clone(), reason: reason(&status) };
     }
@@ -379,13 +390,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_without_http_are_usage_errors_naming_the_form() {
-        for url in ["127.0.0.1:7070", "https://farm:7070", "http://", "ftp://x"] {
+    fn urls_without_a_scheme_or_host_are_usage_errors_naming_the_form() {
+        for url in ["127.0.0.1:7070", "http://", "https://", "ftp://x"] {
             let err = endpoint(url).expect_err(url);
             assert_eq!(err.exit(), crate::Exit::Usage, "{url}");
             assert!(err.to_string().contains(url), "{err}");
         }
-        assert!(endpoint("http://127.0.0.1:7070").is_ok());
+        assert!(endpoint("http://127.0.0.1:7070").is_ok(), "a --dev coordinator");
+        assert!(endpoint("https://farm.example:7070").is_ok(), "a served coordinator speaks TLS");
     }
 
     #[test]

@@ -45,7 +45,7 @@ use std::time::Duration;
 
 pub use error::{CliError, Exit};
 pub use event::{Event, EventKind, Outcome};
-pub use query::{agents, images, logs, logs_with, status, ListArgs, LogsArgs, StatusArgs};
+pub use query::{agents, audit, images, logs, logs_with, status, whoami, AuditView, ListArgs, LogsArgs, StatusArgs};
 pub use render::OutputMode;
 pub use sweep::{down, gc, pin, pins, unpin, DownArgs, GcArgs, PinArgs, PinsView, SweepOutcome};
 pub use up::{up, up_with, Failure, UpArgs, UpOutcome};

@@ -141,6 +141,15 @@ enum Command {
     },
     /// List the agents the coordinator knows.
     Agents,
+    /// The audit log: every mutating call, who made it, from where, how it ended (an admin sees
+    /// every entry; anyone else their own).
+    Audit {
+        /// Only entries this many seconds old or newer.
+        #[arg(long, value_name = "SECS")]
+        since: Option<u64>,
+    },
+    /// Who the coordinator takes you for: your user, role and team.
+    Whoami,
     /// Print the tree digest of a build context (what its content tag addresses).
     Digest {
         /// The context directory.
@@ -264,6 +273,18 @@ async fn dispatch(command: Command, remote: &Remote) -> Result<Exit, CliError> {
         }
         Command::Agents => {
             kiln::agents(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)
+        }
+        Command::Audit { since } => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            let since_ms = since.map_or(0, |s| now.saturating_sub(s * 1000));
+            let args = kiln::ListArgs { connect, output, ..Default::default() };
+            kiln::audit(args, since_ms).await.map(|_| Exit::Converged)
+        }
+        Command::Whoami => {
+            kiln::whoami(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)
         }
         Command::Digest { .. } | Command::Pack { .. } | Command::Unpack { .. } | Command::Refs { .. } => {
             unreachable!("the plumbing commands run without a runtime")

@@ -112,6 +112,82 @@ pub async fn images(args: ListArgs) -> Result<Vec<StoreView>, CliError> {
     Ok(stores)
 }
 
+/// One line of the audit log, as `kiln audit` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditView {
+    pub at_ms: u64,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub address: String,
+    pub outcome: String,
+}
+
+/// `kiln audit`: the audit log as the coordinator lets the caller read it (an admin every entry,
+/// anyone else their own).
+pub async fn audit(args: ListArgs, since_ms: u64) -> Result<Vec<AuditView>, CliError> {
+    let entries: Vec<AuditView> = with_reader(&args.connect, |link| async move {
+        let client = KilnClient::new(link.channel.clone());
+        let reply = connect::call(&link, "Audit", Kind::Read, || {
+            let mut client = client.clone();
+            async move { client.audit(kiln_proto::v1::AuditRequest { since_ms }).await }
+        })
+        .await?;
+        Ok(reply
+            .into_inner()
+            .entries
+            .into_iter()
+            .map(|e| AuditView {
+                at_ms: e.at_ms,
+                actor: e.actor,
+                action: e.action,
+                target: e.target,
+                address: e.address,
+                outcome: e.outcome,
+            })
+            .collect())
+    })
+    .await?;
+    show(args.output, &entries, |entries| {
+        let rows = entries.iter().map(|e| {
+            vec![
+                crate::view::age(now_ms(), e.at_ms),
+                e.actor.clone(),
+                e.action.clone(),
+                e.target.clone(),
+                if e.address.is_empty() { "-".into() } else { e.address.clone() },
+                e.outcome.clone(),
+            ]
+        });
+        if entries.is_empty() {
+            "no audit entries\n".to_string()
+        } else {
+            crate::view::table(rows, "  ")
+        }
+    })?;
+    Ok(entries)
+}
+
+/// `kiln whoami`: who the coordinator takes the caller for.
+pub async fn whoami(args: ListArgs) -> Result<String, CliError> {
+    let reply = with_reader(&args.connect, |link| async move {
+        let client = KilnClient::new(link.channel.clone());
+        let reply = connect::call(&link, "WhoAmI", Kind::Read, || {
+            let mut client = client.clone();
+            async move { client.who_am_i(kiln_proto::v1::WhoAmIRequest {}).await }
+        })
+        .await?;
+        Ok(reply.into_inner())
+    })
+    .await?;
+    let line = match reply.team.is_empty() {
+        true => format!("{} ({})", reply.actor, reply.role),
+        false => format!("{} ({}, team {})", reply.actor, reply.role, reply.team),
+    };
+    show(args.output, &line, |line| format!("{line}\n"))?;
+    Ok(line)
+}
+
 /// The agents the coordinator knows, connected or not.
 pub async fn agents(args: ListArgs) -> Result<Vec<AgentView>, CliError> {
     let agents: Vec<AgentView> = with_coordinator(&args.connect, true, |link| async move {

@@ -139,6 +139,11 @@ fn spawn_job<F, Fut>(
             ConvergeState::Failed { reason } => format!("failed: {reason}"),
             _ => "ok".to_string(),
         };
+        // Marked finished before the audit is written: a client that saw `Finished` may start
+        // the next converge of the instance at once.
+        if let Err(err) = engine.store.finish_converge(&id, state).await {
+            tracing::warn!(converge = %id, error = %err, "converge not marked finished");
+        }
         audit(
             &engine,
             audited.actor,
@@ -148,9 +153,6 @@ fn spawn_job<F, Fut>(
             format!("{outcome} (converge {id})"),
         )
         .await;
-        if let Err(err) = engine.store.finish_converge(&id, state).await {
-            tracing::warn!(converge = %id, error = %err, "converge not marked finished");
-        }
     });
 }
 

@@ -12,6 +12,7 @@ pub mod fixture;
 pub mod kind;
 pub mod postgres;
 pub mod registry;
+pub mod trust;
 pub mod wire;
 
 use async_trait::async_trait;

@@ -206,11 +206,14 @@ pub enum Mode {
 /// takes effect within this, and a busy CLI does not cost a database read per call.
 const CACHE_FOR: Duration = Duration::from_secs(2);
 
+/// The revocations last read, and when: `(agent id, revoked at)`.
+type Revocations = (Option<Instant>, Vec<(String, u64)>);
+
 /// Resolves callers to principals against the state store.
 pub struct Verifier {
     store: Arc<dyn Store>,
     tokens: Mutex<HashMap<String, (Instant, Option<Principal>)>>,
-    revoked: Mutex<(Option<Instant>, Vec<(String, u64)>)>,
+    revoked: Mutex<Revocations>,
 }
 
 impl std::fmt::Debug for Verifier {

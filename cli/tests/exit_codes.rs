@@ -70,7 +70,7 @@ fn a_malformed_coordinator_url_exits_2() {
     let out = kiln(&["up", hello.to_str().unwrap(), "--coordinator", "127.0.0.1:7070"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    assert!(stderr.contains("write it as http://host:port"), "stderr: {stderr}");
+    assert!(stderr.contains("write it as https://host:port"), "stderr: {stderr}");
 }
 
 #[test]

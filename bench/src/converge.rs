@@ -481,7 +481,7 @@ fn now_ms() -> u64 {
 }
 
 /// `files` random files of `size` bytes in directories of [`PER_DIR`], and the Dockerfile.
-fn write_context(root: &Path, files: usize, size: usize, seed: u64) -> Result<()> {
+pub(crate) fn write_context(root: &Path, files: usize, size: usize, seed: u64) -> Result<()> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut buf = vec![0u8; size];
     for i in 0..files {
@@ -496,7 +496,7 @@ fn write_context(root: &Path, files: usize, size: usize, seed: u64) -> Result<()
     fs::write(root.join("Dockerfile"), DOCKERFILE).context("writing the Dockerfile")
 }
 
-fn write_manifest(dir: &Path, instance: &str, images: &[String]) -> Result<()> {
+pub(crate) fn write_manifest(dir: &Path, instance: &str, images: &[String]) -> Result<()> {
     let mut text = format!("instance = \"{instance}\"\n\n[target]\nkind = \"local\"\n");
     for name in images {
         text.push_str(&format!("\n[built.{name}]\ncontext = \"{name}\"\n"));

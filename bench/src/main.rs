@@ -6,8 +6,10 @@
 mod converge;
 mod delivery;
 mod digest;
+mod farm;
 mod pack;
 mod sweep_plan;
+mod trust;
 mod upload;
 mod util;
 
@@ -36,6 +38,12 @@ enum Bench {
     Upload(upload::Args),
     /// Delivery to `nodes` and `kind` clusters: an image every node holds; a large image to 3 nodes vs `docker save | ctr import`.
     Delivery(delivery::Args),
+    /// What trust costs: a no-op `kiln up` and an upload over TLS with a token vs in plaintext.
+    Trust(trust::Args),
+    /// The scheduler under load: 1,000 simulated agents, 200 concurrent converges of 5 images.
+    Farm(farm::FarmArgs),
+    /// Parallel placement: a 20-image converge on 4 simulated agents vs one agent, sequential.
+    Parallel(farm::ParallelArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,5 +55,8 @@ fn main() -> anyhow::Result<()> {
         Bench::ColdBuild(args) => converge::cold_build(&args),
         Bench::Upload(args) => upload::run(&args),
         Bench::Delivery(args) => delivery::run(&args),
+        Bench::Trust(args) => trust::run(&args),
+        Bench::Farm(args) => farm::farm(&args),
+        Bench::Parallel(args) => farm::parallel(&args),
     }
 }

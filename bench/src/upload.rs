@@ -372,7 +372,7 @@ fn gb_per_s(bytes: u64, took: Duration) -> f64 {
 }
 
 /// `files` files of `size` random bytes each (a fixed seed, so the digest is reproducible).
-fn generate(root: &Path, files: u64, size: u64) -> Result<()> {
+pub(crate) fn generate(root: &Path, files: u64, size: u64) -> Result<()> {
     fs::create_dir_all(root)?;
     let mut rng = fastrand::Rng::with_seed(0x75706c64);
     let mut chunk = vec![0u8; 8 << 20];

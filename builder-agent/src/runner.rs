@@ -36,6 +36,18 @@ pub struct AgentConfig {
     /// An enrolled agent's key, certificate and farm CA: every connection is mutual TLS with them
     /// (`https://` coordinators). `None`: plaintext, to an embedded or `--dev` coordinator.
     pub identity: Option<crate::enroll::Identity>,
+    /// Builds this agent runs at once (`--slots`); 0: one per core.
+    pub slots: u32,
+}
+
+impl AgentConfig {
+    /// The slots announced: as configured, else one per core.
+    pub fn slots(&self) -> u32 {
+        match self.slots {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            n => n,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -211,6 +223,7 @@ fn hello(config: &AgentConfig, served: &Served, host_stores: Vec<pb::StoreInfo>)
             platforms: vec![PlatformSet::host().oci()],
             version: env!("CARGO_PKG_VERSION").to_string(),
             cluster: config.cluster.clone(),
+            slots: config.slots(),
         })),
     }
 }
@@ -285,6 +298,9 @@ async fn session(
             out: tx.clone(),
         })),
     };
+    // The session's tasks: a `Cancel` stops one, and all stop with the session — a coordinator that
+    // lost this stream may hand them to another agent, and a task never runs twice at once.
+    let running = Running::default();
     let mut beat = tokio::time::interval(heartbeat);
     let mut refresh = tokio::time::interval(crate::stores::REFRESH);
     refresh.tick().await;
@@ -298,7 +314,7 @@ async fn session(
                 return Session::Stopped;
             }
             _ = beat.tick() => {
-                let hb = pb::Heartbeat { at_ms: 0 };
+                let hb = pb::Heartbeat { at_ms: 0, running: running.ids() };
                 if tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(hb)) }).await.is_err() {
                     return broken(true, "outbound stream closed".to_string());
                 }
@@ -311,16 +327,59 @@ async fn session(
             }
             msg = inbound.message() => match msg {
                 Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) })) => {
-                    match &dispatch {
-                        Dispatch::Host(ctx) => tokio::spawn(tasks::execute(ctx.clone(), task)),
-                        Dispatch::Node(ctx) => tokio::spawn(crate::node::tasks::execute(ctx.clone(), task)),
+                    let id = task.task_id.clone();
+                    let work: Pin<Box<dyn Future<Output = ()> + Send>> = match &dispatch {
+                        Dispatch::Host(ctx) => Box::pin(tasks::execute(ctx.clone(), task)),
+                        Dispatch::Node(ctx) => Box::pin(crate::node::tasks::execute(ctx.clone(), task)),
                     };
+                    running.spawn(id, work);
                 }
-                // Cancellation is best effort: a task already sent to Docker runs to its end.
+                Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Cancel(cancel)) })) => {
+                    if running.cancel(&cancel.task_id) {
+                        tracing::info!(agent = %config.agent_id, task = %cancel.task_id, "task cancelled by the coordinator");
+                    }
+                }
                 Ok(Some(_)) => {}
                 Ok(None) => return broken(true, "the coordinator closed the stream".to_string()),
                 Err(status) => return broken(true, status.message().to_string()),
             }
+        }
+    }
+}
+
+/// The tasks one session runs, by id. Dropped with the session, it stops them all.
+#[derive(Default)]
+struct Running {
+    tasks: Arc<std::sync::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>>,
+}
+
+impl Running {
+    fn spawn(&self, id: String, work: Pin<Box<dyn Future<Output = ()> + Send>>) {
+        let tasks = self.tasks.clone();
+        let key = id.clone();
+        // Held while inserting, so a task that ends at once cannot remove itself before it is in.
+        let mut held = self.tasks.lock().unwrap();
+        let handle = tokio::spawn(async move {
+            work.await;
+            tasks.lock().unwrap().remove(&key);
+        });
+        held.insert(id, handle.abort_handle());
+    }
+
+    fn cancel(&self, id: &str) -> bool {
+        let handle = self.tasks.lock().unwrap().remove(id);
+        handle.map(|h| h.abort()).is_some()
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.tasks.lock().unwrap().keys().cloned().collect()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for (_, handle) in self.tasks.lock().unwrap().drain() {
+            handle.abort();
         }
     }
 }

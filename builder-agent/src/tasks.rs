@@ -58,7 +58,7 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
 pub(crate) async fn answer(out: &mpsc::Sender<pb::AgentMessage>, task_id: String, result: TaskResult) {
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err((kind, message)) => Outcome::Error(pb::TaskError { kind: kind as i32, message }),
+        Err((kind, message)) => Outcome::Error(pb::TaskError { kind: kind as i32, message, step: 0 }),
     };
     let result = pb::TaskResult { task_id, outcome: Some(outcome) };
     let _ = out.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Result(result)) }).await;
@@ -103,12 +103,38 @@ async fn fetch_verify_build(
     let (log_tx, mut log_rx) = mpsc::channel::<String>(256);
     let store = ctx.store.clone();
     let a = archive.to_path_buf();
-    let building = tokio::spawn(async move { store.build(&a, &spec, log_tx).await });
+    // Aborted with this task: a cancelled build closes its connection to the daemon, which
+    // stops the build there.
+    let mut building = AbortOnDrop(tokio::spawn(async move { store.build(&a, &spec, log_tx).await }));
     while let Some(line) = log_rx.recv().await {
         progress(ctx, task_id, line, 0, 0).await;
     }
-    let built = building.await.map_err(failed)?.map_err(|e| failed(kiln_core::error_chain(&e)))?;
+    let built = (&mut building.0).await.map_err(failed)?.map_err(|e| build_error(&e))?;
     Ok(Outcome::Built(pb::Built { id: built.id }))
+}
+
+/// A spawned piece of a task, stopped when the task is.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A failed build, typed for the coordinator: it decides by the kind, never by the words.
+fn build_error(err: &HostError) -> (ErrorKind, String) {
+    let message = kiln_core::error_chain(err);
+    let kind = match err {
+        // Docker's classic builder, when a cached step's image was removed under it mid-build.
+        HostError::BuildFailed { step, .. } if step.contains("unable to find image") => ErrorKind::CacheVanished,
+        HostError::BuildFailed { .. } => ErrorKind::BuildFailed,
+        HostError::Unreachable { .. } | HostError::Lost { .. } | HostError::TimedOut { .. } => {
+            ErrorKind::StoreUnreachable
+        }
+        _ => ErrorKind::Failed,
+    };
+    (kind, message)
 }
 
 async fn download(ctx: &TaskContext, digest: &TreeDigest, archive: &Path) -> Result<(), (ErrorKind, String)> {

@@ -407,6 +407,7 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
     let mut hub = support_node::hub::StandIn::start().await;
     let scratch = tempfile::tempdir().unwrap();
     let config = kiln_agent::AgentConfig {
+        slots: 0,
         coordinator: hub.url.clone(),
         agent_id: "node-1".to_string(),
         scratch_dir: scratch.path().to_path_buf(),

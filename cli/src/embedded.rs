@@ -80,6 +80,7 @@ impl Embedded {
         if with_agent {
             let (stop_agent, stopped) = oneshot::channel::<()>();
             let config = AgentConfig {
+                slots: 0,
                 coordinator: url.clone(),
                 agent_id: embedded.site.agent_id(),
                 scratch_dir: embedded.site.scratch_dir(),

@@ -23,6 +23,8 @@ pub enum Exit {
     Usage = 2,
     /// 3: the coordinator (or the embedded one) cannot be reached.
     Unreachable = 3,
+    /// 130: the user interrupted it (Ctrl-C), as shells report SIGINT; a converge was cancelled.
+    Interrupted = 130,
 }
 
 impl Exit {

@@ -40,6 +40,10 @@ pub enum EventKind {
     Would,
     /// The sweep collected uploaded contexts: `count` and `bytes`.
     ContextsCollected,
+    /// A build task waits for a slot: `count` is its place in the queue, `millis` the wait told.
+    Queued,
+    /// A build task lost on its agent (`store`) and queued again.
+    Requeued,
     /// A kind from a newer coordinator, with its wire number.
     Unknown(i32),
 }
@@ -70,6 +74,8 @@ impl EventKind {
             EventKind::RecordDeleted => "record_deleted",
             EventKind::Would => "would",
             EventKind::ContextsCollected => "contexts_collected",
+            EventKind::Queued => "queued",
+            EventKind::Requeued => "requeued",
             EventKind::Unknown(_) => "unknown",
         }
     }
@@ -99,6 +105,8 @@ impl EventKind {
             Ok(K::RecordDeleted) => EventKind::RecordDeleted,
             Ok(K::Would) => EventKind::Would,
             Ok(K::ContextsCollected) => EventKind::ContextsCollected,
+            Ok(K::Queued) => EventKind::Queued,
+            Ok(K::Requeued) => EventKind::Requeued,
             Ok(K::Unspecified) | Err(_) => EventKind::Unknown(kind),
         }
     }
@@ -128,6 +136,8 @@ impl EventKind {
             EventKind::RecordDeleted => K::RecordDeleted,
             EventKind::Would => K::Would,
             EventKind::ContextsCollected => K::ContextsCollected,
+            EventKind::Queued => K::Queued,
+            EventKind::Requeued => K::Requeued,
             EventKind::Unknown(n) => return n,
         };
         kind as i32

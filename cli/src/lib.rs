@@ -32,6 +32,7 @@ pub mod error;
 pub mod event;
 pub mod home;
 pub mod plumbing;
+pub mod ps;
 pub mod query;
 pub mod render;
 pub mod request;
@@ -45,6 +46,7 @@ use std::time::Duration;
 
 pub use error::{CliError, Exit};
 pub use event::{Event, EventKind, Outcome};
+pub use ps::{cancel, ps, PsView};
 pub use query::{agents, audit, images, logs, logs_with, status, whoami, AuditView, ListArgs, LogsArgs, StatusArgs};
 pub use render::OutputMode;
 pub use sweep::{down, gc, pin, pins, unpin, DownArgs, GcArgs, PinArgs, PinsView, SweepOutcome};

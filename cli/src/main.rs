@@ -150,6 +150,15 @@ enum Command {
     },
     /// Who the coordinator takes you for: your user, role and team.
     Whoami,
+    /// What the farm runs now: every running converge and its build tasks — owner, image,
+    /// agent, state, and a queued task's place and estimated wait.
+    Ps,
+    /// Cancel a running converge: its queued builds are dropped, its running builds stopped on
+    /// their agents, its claims released; the record stays as it was.
+    Cancel {
+        /// The converge id (`kiln ps` lists them).
+        id: String,
+    },
     /// Print the tree digest of a build context (what its content tag addresses).
     Digest {
         /// The context directory.
@@ -282,6 +291,12 @@ async fn dispatch(command: Command, remote: &Remote) -> Result<Exit, CliError> {
             let since_ms = since.map_or(0, |s| now.saturating_sub(s * 1000));
             let args = kiln::ListArgs { connect, output, ..Default::default() };
             kiln::audit(args, since_ms).await.map(|_| Exit::Converged)
+        }
+        Command::Ps => {
+            kiln::ps(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)
+        }
+        Command::Cancel { id } => {
+            kiln::cancel(kiln::ListArgs { connect, output, ..Default::default() }, id).await.map(|_| Exit::Converged)
         }
         Command::Whoami => {
             kiln::whoami(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)

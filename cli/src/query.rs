@@ -205,7 +205,11 @@ pub async fn agents(args: ListArgs) -> Result<Vec<AgentView>, CliError> {
 }
 
 /// Prints `value` as `--json` (one document) or as `text` gives it; nothing when quiet.
-fn show<T: Serialize + ?Sized>(mode: OutputMode, value: &T, text: impl FnOnce(&T) -> String) -> Result<(), CliError> {
+pub(crate) fn show<T: Serialize + ?Sized>(
+    mode: OutputMode,
+    value: &T,
+    text: impl FnOnce(&T) -> String,
+) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     let written = match mode {
         OutputMode::Quiet => return Ok(()),

@@ -50,6 +50,8 @@ pub struct UpOutcome {
     pub outcome: Outcome,
     /// Why it failed: the first `Failed` event's image and message, else the `Finished` message.
     pub failure: Option<Failure>,
+    /// The user stopped it (Ctrl-C): the coordinator cancelled it, and the exit is 130.
+    pub interrupted: bool,
 }
 
 /// The image that failed a converge (empty when the converge failed as a whole) and why.
@@ -84,13 +86,14 @@ impl UpOutcome {
                 .map(|e| Failure { image: e.image.clone(), message: e.message.clone() }),
         };
         let converge_id = events.first().map(|e| e.converge_id.clone()).unwrap_or_default();
-        UpOutcome { converge_id, events, outcome, failure }
+        UpOutcome { converge_id, events, outcome, failure, interrupted: false }
     }
 
-    /// 0 when the converge succeeded, 1 otherwise.
+    /// 0 when the converge succeeded, 130 when the user interrupted it, 1 otherwise.
     pub fn exit(&self) -> Exit {
         match self.outcome {
             Outcome::Succeeded => Exit::Converged,
+            _ if self.interrupted => Exit::Interrupted,
             _ => Exit::Failed,
         }
     }
@@ -123,6 +126,16 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     outcome
 }
 
+/// How long an interrupted `kiln up` waits for the coordinator to confirm the cancel.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn interrupted_outcome(events: Vec<Event>) -> UpOutcome {
+    let mut outcome = UpOutcome::from_events(events);
+    outcome.interrupted = true;
+    outcome.outcome = Outcome::Failed;
+    outcome
+}
+
 /// Steps 2–9 as seen from the CLI: ask, upload on demand, show, until `Finished`.
 async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<UpOutcome, CliError> {
     let kiln = KilnClient::new(link.channel.clone());
@@ -139,8 +152,32 @@ async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<
     let mut uploads: JoinSet<(String, Result<u64, UploadError>)> = JoinSet::new();
     let mut in_flight: HashSet<String> = HashSet::new();
     let mut events: Vec<Event> = Vec::new();
+    let mut interrupted: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
+            // Ctrl-C cancels the converge and waits (briefly) for the coordinator to say its
+            // builds were stopped; a second Ctrl-C, or no answer, leaves at once.
+            _ = tokio::signal::ctrl_c() => {
+                if interrupted.is_some() {
+                    return Ok(interrupted_outcome(events));
+                }
+                interrupted = Some(std::time::Instant::now());
+                let id = events.first().map(|e| e.converge_id.clone()).unwrap_or_default();
+                let words = format!("interrupted — cancelling converge {id} (Ctrl-C again to leave at once)");
+                render.event(&Event::new(EventKind::Note, "", &words)).map_err(CliError::Output)?;
+                if !id.is_empty() {
+                    let mut kiln = kiln.clone();
+                    let cancel = kiln.cancel(kiln_proto::v1::CancelRequest { converge_id: id });
+                    if tokio::time::timeout(CANCEL_WAIT, cancel).await.is_err() {
+                        return Ok(interrupted_outcome(events));
+                    }
+                } else {
+                    return Ok(interrupted_outcome(events));
+                }
+            }
+            _ = tokio::time::sleep(CANCEL_WAIT), if interrupted.is_some_and(|at| at.elapsed() >= CANCEL_WAIT) => {
+                return Ok(interrupted_outcome(events));
+            }
             message = stream.message() => {
                 let event = match message {
                     Ok(Some(wire)) => Event::from(wire),
@@ -174,7 +211,9 @@ async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<
                 let finished = event.kind == EventKind::Finished;
                 events.push(event);
                 if finished {
-                    return Ok(UpOutcome::from_events(events));
+                    let mut outcome = UpOutcome::from_events(events);
+                    outcome.interrupted = interrupted.is_some();
+                    return Ok(outcome);
                 }
             }
             Some(joined) = uploads.join_next(), if !uploads.is_empty() => {

@@ -156,6 +156,27 @@ fn spawn_job<F, Fut>(
     });
 }
 
+/// Runs the converge until it ends, is cancelled (`kiln cancel`), or its client goes away. A
+/// cancelled converge's futures are dropped: its queued tasks leave the queue, its agents are
+/// told to stop what they run, and the record is never written.
+async fn cancellable(
+    engine: &Engine,
+    id: &ConvergeId,
+    plan: &UpPlan,
+    events: &Events,
+    client: crate::events::Live,
+) -> Result<crate::engine::Converged, Failure> {
+    let owner = crate::engine::owner(plan);
+    let mut ticket = engine.running.enter(id.as_str(), &plan.instance, &owner, &plan.requested_by);
+    tokio::select! {
+        result = engine.up(id, plan, events) => result,
+        why = ticket.cancelled() => Err(Failure::cancelled(why)),
+        () = client.closed() => Err(Failure::cancelled(
+            "its client went away (Ctrl-C, or the connection dropped)".to_string(),
+        )),
+    }
+}
+
 /// What the audit log says of a job once it ends.
 struct Audited {
     actor: String,
@@ -273,6 +294,8 @@ impl pb::kiln_server::Kiln for KilnService {
         let converge =
             self.engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
+        // The client's end of the stream: gone (Ctrl-C, a vanished CLI) cancels the converge.
+        let client = live.clone();
         let audited = Audited { actor: principal.actor(), action: "up", target: plan.instance.clone(), address };
         spawn_job(
             self.engine.clone(),
@@ -281,7 +304,7 @@ impl pb::kiln_server::Kiln for KilnService {
             String::new(),
             audited,
             move |engine, id, events| async move {
-                let mut result = engine.up(&id, &plan, &events).await;
+                let mut result = cancellable(&engine, &id, &plan, &events, client).await;
                 if let Ok(done) = result {
                     result =
                         crate::kube::published(&engine.config, &plan, done.generation, &events).await.map(|()| done);
@@ -567,6 +590,31 @@ impl pb::kiln_server::Kiln for KilnService {
             })
             .collect();
         Ok(Response::new(pb::AuditReply { entries }))
+    }
+
+    async fn cancel(&self, request: Request<pb::CancelRequest>) -> Result<Response<pb::CancelReply>, Status> {
+        writable(&self.engine, "Cancel")?;
+        let (principal, address) = (Principal::of(&request), Peer::of(&request));
+        let id = request.into_inner().converge_id;
+        let Some(instance) = self.engine.running.instance_of(&id) else {
+            return Err(Status::not_found(format!(
+                "converge {id} is not running on this coordinator — `kiln ps` lists the running ones"
+            )));
+        };
+        if let Some(owner) = self.engine.store.owner(&instance).await.map_err(store_status)? {
+            if let Err(refused) = may_own(&principal, &instance, &owner) {
+                let outcome = format!("refused: {}", refused.message());
+                audit(&self.engine, principal.actor(), "cancel", &id, address, outcome).await;
+                return Err(refused);
+            }
+        }
+        self.engine.running.cancel(&id, format!("cancelled by {}", principal.actor()));
+        audit(&self.engine, principal.actor(), "cancel", &id, address, "ok".to_string()).await;
+        Ok(Response::new(pb::CancelReply { instance }))
+    }
+
+    async fn ps(&self, _request: Request<pb::PsRequest>) -> Result<Response<pb::PsReply>, Status> {
+        Ok(Response::new(crate::engine::ps(&self.engine)))
     }
 
     async fn who_am_i(&self, request: Request<pb::WhoAmIRequest>) -> Result<Response<pb::WhoAmIReply>, Status> {

@@ -177,6 +177,14 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
             wire.instance = instance.clone();
             Kind::RecordDeleted
         }
+        EventKind::Queued { position, wait_ms } => {
+            (wire.count, wire.millis) = (u64::from(*position), *wait_ms);
+            Kind::Queued
+        }
+        EventKind::Requeued { agent } => {
+            wire.store = agent.clone();
+            Kind::Requeued
+        }
         EventKind::Note | EventKind::Unknown => Kind::Note,
     };
     wire.kind = kind as i32;

@@ -8,10 +8,11 @@
 use crate::model::{AgentId, AgentRole, AgentRow};
 use crate::store::Store;
 use kiln_proto::v1 as pb;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -30,6 +31,9 @@ pub struct Hub {
     store: Arc<dyn Store>,
     heartbeat: Duration,
     lease: Duration,
+    deadline: Duration,
+    /// The build queue: host agents join it as they connect.
+    pub schedule: Arc<crate::schedule::Scheduler>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -59,12 +63,22 @@ pub struct AgentConn {
     building: Mutex<HashMap<String, usize>>,
     /// A verified agent: when its certificate was issued (a revocation covers it when later).
     issued_ms: Option<u64>,
+    /// Builds it runs at once, as it announced (at least 1).
+    pub slots: u32,
+    /// Its inventory as the coordinator last saw it: the refs of its last labeled listing and of
+    /// every build since, and the contexts it built. Placement reads these, never a live listing.
+    held: Mutex<HashSet<String>>,
+    built: Mutex<HashSet<String>>,
+    /// A task with no sign of life for this long is given up as stalled.
+    deadline: Duration,
 }
 
 #[derive(Debug)]
 struct Pending {
     progress: mpsc::UnboundedSender<pb::TaskProgress>,
     done: oneshot::Sender<pb::TaskResult>,
+    /// The last sign of life: a progress message, or a heartbeat naming the task.
+    alive: Arc<Mutex<Instant>>,
 }
 
 /// Why a task produced no result.
@@ -76,6 +90,15 @@ pub enum TaskFailure {
     Failed { agent: String, kind: pb::task_error::Kind, message: String },
     #[error("agent {agent} answered a task without an outcome")]
     Empty { agent: String },
+    #[error("agent {agent} showed no sign of the task for {secs} s (no progress, and its heartbeats do not name it); given up")]
+    Stalled { agent: String, secs: u64 },
+}
+
+impl TaskFailure {
+    /// The agent, not the task, failed: the task may run elsewhere.
+    pub fn agent_lost(&self) -> bool {
+        matches!(self, TaskFailure::Lost { .. } | TaskFailure::Stalled { .. } | TaskFailure::Empty { .. })
+    }
 }
 
 impl AgentConn {
@@ -99,7 +122,20 @@ impl AgentConn {
         }
     }
 
+    /// Whether the agent's last listing, or a build since, showed `reference`.
+    pub fn holds(&self, reference: &str) -> bool {
+        self.held.lock().unwrap().contains(&normalized(reference))
+    }
+
+    /// Whether the agent built the context `digest` before (its layer cache is warm for it).
+    pub fn built(&self, digest: &str) -> bool {
+        self.built.lock().unwrap().contains(digest)
+    }
+
     /// Sends one task and waits for its result, handing every progress message to `on_progress`.
+    ///
+    /// A task with no sign of life for the agent's deadline fails as stalled; dropping the future
+    /// (a cancelled converge) tells the agent to stop the task.
     pub async fn run(
         &self,
         converge: &str,
@@ -113,26 +149,58 @@ impl AgentConn {
             _ => None,
         };
         let _building = context.map(|digest| Building::start(self, digest));
+        let built = match &kind {
+            pb::task::Kind::Build(b) => Some((b.tag.clone(), b.context_digest.clone())),
+            _ => None,
+        };
         let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
         let (done_tx, mut done_rx) = oneshot::channel();
-        self.pending.lock().unwrap().insert(task_id.clone(), Pending { progress: progress_tx, done: done_tx });
+        let alive = Arc::new(Mutex::new(Instant::now()));
+        let pending = Pending { progress: progress_tx, done: done_tx, alive: alive.clone() };
+        self.pending.lock().unwrap().insert(task_id.clone(), pending);
+        let mut outstanding = Outstanding { conn: self, task_id: Some(task_id.clone()) };
         let task = pb::Task { task_id: task_id.clone(), converge_id: converge.to_string(), kind: Some(kind) };
         let msg = pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) };
         if self.tx.send(Ok(msg)).await.is_err() {
-            self.pending.lock().unwrap().remove(&task_id);
+            outstanding.settled();
             return Err(TaskFailure::Lost { agent: self.id.clone() });
         }
+        let check = (self.deadline / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
         let result = loop {
             tokio::select! {
-                Some(p) = progress_rx.recv() => on_progress(p),
+                Some(p) = progress_rx.recv() => {
+                    *alive.lock().unwrap() = Instant::now();
+                    on_progress(p)
+                }
                 done = &mut done_rx => break done,
+                () = tokio::time::sleep(check) => {
+                    let silent = alive.lock().unwrap().elapsed();
+                    if silent >= self.deadline {
+                        // `outstanding` tells the agent to stop it, in case it still runs.
+                        return Err(TaskFailure::Stalled { agent: self.id.clone(), secs: silent.as_secs() });
+                    }
+                }
             }
         };
+        outstanding.settled();
         // Progress sent just before the result still counts.
         while let Ok(p) = progress_rx.try_recv() {
             on_progress(p);
         }
         let agent = self.id.clone();
+        match &result {
+            Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Built(_)), .. }) => {
+                if let Some((tag, context)) = built {
+                    self.held.lock().unwrap().insert(normalized(&tag));
+                    self.built.lock().unwrap().insert(context);
+                }
+            }
+            Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Listing(l)), .. }) => {
+                let refs = l.images.iter().flat_map(|i| i.refs.iter().map(|r| normalized(r))).collect();
+                *self.held.lock().unwrap() = refs;
+            }
+            _ => {}
+        }
         match result {
             Err(_) => Err(TaskFailure::Lost { agent }),
             Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Error(e)), .. }) => {
@@ -162,19 +230,32 @@ impl AgentConn {
                 }
             }
             Body::Stores(s) => *self.stores.lock().unwrap() = s.stores,
-            Body::Heartbeat(_) | Body::Hello(_) | Body::GoingAway(_) => {}
+            Body::Heartbeat(beat) => {
+                let pending = self.pending.lock().unwrap();
+                let now = Instant::now();
+                for id in &beat.running {
+                    if let Some(p) = pending.get(id) {
+                        *p.alive.lock().unwrap() = now;
+                    }
+                }
+            }
+            Body::Hello(_) | Body::GoingAway(_) => {}
         }
     }
 }
 
 impl Hub {
-    pub fn new(store: Arc<dyn Store>, lease: Duration) -> Hub {
+    /// `lease`: how long an agent may be silent; `deadline`: how long a task may show no sign of
+    /// life; `affinity_wait`: how long a build waits for a warm agent.
+    pub fn new(store: Arc<dyn Store>, lease: Duration, deadline: Duration, affinity_wait: Duration) -> Hub {
         Hub {
             agents: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             store,
             heartbeat: (lease / 3).max(Duration::from_millis(100)),
             lease,
+            schedule: crate::schedule::Scheduler::new(affinity_wait),
+            deadline,
         }
     }
 
@@ -199,6 +280,10 @@ impl Hub {
             let _ = old.tx.try_send(Err(Status::aborted(why)));
             old.closed.notify_one();
             old.pending.lock().unwrap().clear();
+            self.schedule.left(&old);
+        }
+        if conn.is_host() {
+            self.schedule.joined(conn);
         }
         self.changed.notify_waiters();
     }
@@ -211,7 +296,34 @@ impl Hub {
         drop(agents);
         // Dropping the senders fails every waiting task with `Lost`.
         conn.pending.lock().unwrap().clear();
+        self.schedule.left(conn);
         self.changed.notify_waiters();
+    }
+}
+
+/// A task sent and not yet answered. Dropped unsettled — the converge was cancelled, or the task
+/// stalled — it is forgotten here and the agent is told to stop it.
+struct Outstanding<'a> {
+    conn: &'a AgentConn,
+    task_id: Option<String>,
+}
+
+impl Outstanding<'_> {
+    fn settled(&mut self) {
+        if let Some(id) = self.task_id.take() {
+            self.conn.pending.lock().unwrap().remove(&id);
+        }
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        let Some(task_id) = self.task_id.take() else { return };
+        self.conn.pending.lock().unwrap().remove(&task_id);
+        let cancel =
+            pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Cancel(pb::Cancel { task_id })) };
+        // Best effort: a full or closed stream means the agent is going away anyway.
+        let _ = self.conn.tx.try_send(Ok(cancel));
     }
 }
 
@@ -280,6 +392,11 @@ impl Hub {
             }
         }
     }
+}
+
+/// One spelling per ref: Docker lists `x:t` where a plan may say `docker.io/library/x:t`.
+fn normalized(reference: &str) -> String {
+    kiln_core::refs::ImageRef::parse(reference).map_or_else(|_| reference.to_string(), |r| r.normalized())
 }
 
 fn now_ms() -> u64 {
@@ -372,6 +489,10 @@ impl pb::agent_hub_server::AgentHub for HubService {
                 Principal::Agent { issued_ms, .. } => Some(*issued_ms),
                 _ => None,
             },
+            slots: hello.slots.max(1),
+            held: Mutex::new(HashSet::new()),
+            built: Mutex::new(HashSet::new()),
+            deadline: hub.deadline,
         });
         if let Err(err) = hub.store.upsert_agent(conn.row()).await {
             tracing::warn!(agent = %conn.id, error = %err, "could not record agent");

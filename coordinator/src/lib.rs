@@ -34,7 +34,9 @@ mod deliver;
 mod engine;
 mod events;
 mod hub;
+pub mod metrics;
 mod relay;
+mod schedule;
 mod server;
 mod sweep;
 

@@ -387,6 +387,15 @@ pub enum EventKind {
         count: u64,
         bytes: u64,
     },
+    /// A build task waits for a slot: its place in the fair queue (1 = next) and the wait told.
+    Queued {
+        position: u32,
+        wait_ms: u64,
+    },
+    /// A build task given up on `agent` (lost, stalled) and queued again.
+    Requeued {
+        agent: String,
+    },
     /// A kind written by a newer kiln.
     #[serde(other)]
     Unknown,

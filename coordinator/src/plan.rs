@@ -38,6 +38,9 @@ pub struct BuildInputs {
     pub shared: bool,
     /// blake3 of the Dockerfile's bytes; empty from a client that does not say.
     pub dockerfile_digest: String,
+    /// The images of this converge it builds FROM (manifest names): built before it, on the
+    /// agent that holds them.
+    pub from: Vec<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -131,6 +134,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                         target_stage: image.target_stage.clone(),
                         shared: image.shared,
                         dockerfile_digest: image.dockerfile_digest.clone(),
+                        from: Vec::new(),
                     };
                     // The client's ref is checked, never trusted: a tag cannot lie (`address`).
                     crate::address::check_built_ref(&image, &sent, &inputs, &platform_set, &target)?;

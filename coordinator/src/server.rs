@@ -41,6 +41,12 @@ pub struct Config {
     /// The most bytes one context upload may carry; an upload passing it is refused at once and
     /// its partial file deleted, so an unauthenticated client cannot fill the disk with one claim.
     pub max_upload_bytes: u64,
+    /// A task with no sign of life this long (no progress, not named by its agent's heartbeats)
+    /// is given up and its build queued again elsewhere.
+    pub task_deadline: Duration,
+    /// How long a build waits for a warm agent (one holding its image or its context's layers)
+    /// before it takes any free one.
+    pub affinity_wait: Duration,
 }
 
 /// A served coordinator's TLS material: its certificate chain and key, the CA its agents'
@@ -77,6 +83,8 @@ impl Config {
             read_only: false,
             tls: None,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            task_deadline: Duration::from_secs(30),
+            affinity_wait: Duration::from_secs(2),
         }
     }
 }
@@ -155,7 +163,7 @@ pub async fn serve(
         authority: config.tls.as_ref().and_then(|t| t.authority.clone()),
     };
     let tls = config.tls.clone();
-    let hub = Arc::new(Hub::new(store.clone(), config.agent_lease));
+    let hub = Arc::new(Hub::new(store.clone(), config.agent_lease, config.task_deadline, config.affinity_wait));
     if tls.is_some() {
         // A revocation written by `kiln-coordinator agent revoke` (another process) drops the
         // agent's live stream within a few seconds.
@@ -171,8 +179,14 @@ pub async fn serve(
     }
     let relay_dir = dir.join("relay");
     let relay = Relay::open(relay_dir.clone()).map_err(|err| ServeError::Relay { dir: relay_dir, err })?;
-    let engine =
-        Arc::new(Engine { store, hub: hub.clone(), contexts: Arc::new(contexts), relay: relay.clone(), config });
+    let engine = Arc::new(Engine {
+        store,
+        hub: hub.clone(),
+        contexts: Arc::new(contexts),
+        relay: relay.clone(),
+        config,
+        running: Default::default(),
+    });
     let contexts = engine.contexts.clone();
     // Nagle off: a converge is a few small messages, and each would wait ~40 ms for an ACK.
     // Windows larger than one 1 MiB upload chunk, so a context streams without stalling; frames up

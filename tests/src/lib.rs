@@ -12,6 +12,7 @@ pub mod fixture;
 pub mod kind;
 pub mod postgres;
 pub mod registry;
+pub mod sim;
 pub mod trust;
 pub mod wire;
 
@@ -232,6 +233,7 @@ impl Farm {
 
     async fn start_agent(&mut self) {
         let config = kiln_agent::AgentConfig {
+            slots: 0,
             coordinator: self.url.clone(),
             agent_id: "e2e-agent".to_string(),
             scratch_dir: self.home.join("scratch"),
@@ -255,6 +257,7 @@ impl Farm {
     /// waits until the coordinator lists it as connected.
     pub async fn start_node(&mut self, cluster: &str, agent_id: &str, store: Arc<dyn kiln_agent::node::NodeStore>) {
         let config = kiln_agent::AgentConfig {
+            slots: 0,
             coordinator: self.url.clone(),
             agent_id: agent_id.to_string(),
             scratch_dir: self.home.join("scratch").join(agent_id),

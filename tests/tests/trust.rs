@@ -179,6 +179,7 @@ async fn every_rpc_refuses_every_caller_its_rule_does_not_let_through() {
 async fn start_agent(farm: &TrustedFarm, id: &str, dir: &std::path::Path) -> tokio::sync::oneshot::Sender<()> {
     farm.enroll(id, AgentRole::Host, "", dir).await;
     let config = kiln_agent::AgentConfig {
+        slots: 0,
         coordinator: farm.url.clone(),
         agent_id: id.to_string(),
         scratch_dir: dir.join("scratch"),

@@ -210,6 +210,7 @@ impl Farm {
         let coordinator = Coordinator::start(&home.join("state"), &farm_id, nodelay).await?;
         let store = Arc::new(CountingStore::connect().await?);
         let config = kiln_agent::AgentConfig {
+            slots: 0,
             coordinator: coordinator.url.clone(),
             agent_id: "bench-agent".to_string(),
             scratch_dir: home.join("scratch"),

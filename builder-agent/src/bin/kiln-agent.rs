@@ -43,6 +43,9 @@ struct Args {
     /// certificate (kept in --state; later starts need no token).
     #[arg(long, env = "KILN_JOIN")]
     join: Option<String>,
+    /// Builds this agent runs at once; the coordinator never gives it more. Default: one per core.
+    #[arg(long, env = "KILN_SLOTS", default_value_t = 0, hide_default_value = true)]
+    slots: u32,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
         scratch_dir: args.scratch,
         cluster: args.cluster.unwrap_or_default(),
         identity: tls.then_some(identity),
+        slots: args.slots,
     };
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");

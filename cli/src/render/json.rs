@@ -79,7 +79,8 @@ pub fn line(event: &Event) -> String {
         store: &event.store,
         instance: &event.instance,
         reference: &event.reference,
-        count: matches!(event.kind, EventKind::Swept | EventKind::ContextsCollected).then_some(event.count),
+        count: matches!(event.kind, EventKind::Swept | EventKind::ContextsCollected | EventKind::Queued)
+            .then_some(event.count),
         generation: (event.kind == EventKind::Finished && event.generation > 0).then_some(event.generation),
         reason: event.reason.as_ref(),
     };

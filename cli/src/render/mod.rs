@@ -122,7 +122,7 @@ pub fn status_text(event: &Event, names: &ContextNames) -> Option<String> {
             paren(&word)
         }
         EventKind::Delivered => paren("delivered"),
-        EventKind::Note => event.message.clone(),
+        EventKind::Note | EventKind::Queued | EventKind::Requeued => event.message.clone(),
         EventKind::Failed => format!("failed: {}", event.message),
         EventKind::Finished => match (event.outcome, event.millis) {
             (Outcome::Succeeded, 0) => "converged".to_string(),

@@ -184,19 +184,25 @@ impl Engine {
         }
     }
 
-    /// The labeled listing of every host that builds the plan's platforms, `host` first. Only a
-    /// `local` target needs more than `host`'s: its images may sit on any of them.
+    /// The labeled listing of `host`, and for a `local` target of every other host whose
+    /// inventory (as the coordinator keeps it) shows one of the plan's images: its images may sit
+    /// on any of them. Listed at once, each under the task deadline: one slow agent holds no other.
     async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId) -> Vec<HostListing> {
-        let mut listings =
-            vec![HostListing { store: crate::sweep::host_store_of(host), images: list(host, id.as_str()).await }];
+        let mut hosts: Vec<std::sync::Arc<AgentConn>> = Vec::new();
         if let Target::Local = plan.target {
-            for other in self.hub.connected().into_iter().filter(|a| a.is_host() && a.id != host.id) {
-                listings.push(HostListing {
-                    store: crate::sweep::host_store_of(&other),
-                    images: list(&other, id.as_str()).await,
-                });
-            }
+            let holds_one = |a: &AgentConn| plan.images.iter().any(|i| a.holds(&i.reference));
+            hosts =
+                self.hub.connected().into_iter().filter(|a| a.is_host() && a.id != host.id && holds_one(a)).collect();
         }
+        let others = futures_util::future::join_all(hosts.iter().map(|other| async move {
+            HostListing { store: crate::sweep::host_store_of(other), images: list(other, id.as_str()).await }
+        }));
+        let (first, others) = tokio::join!(
+            async { HostListing { store: crate::sweep::host_store_of(host), images: list(host, id.as_str()).await } },
+            others
+        );
+        let mut listings = vec![first];
+        listings.extend(others);
         for listing in &listings {
             if let Err(err) = &listing.images {
                 tracing::warn!(store = %listing.store, error = %err, "host listing failed; it counts as holding nothing");

@@ -4,6 +4,7 @@
 //! twice. Every image's first line says why it is delivered or built.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_core::sweep::{LABEL_CONTEXT, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
@@ -16,6 +17,44 @@ use crate::events::Events;
 use crate::hub::{AgentConn, TaskFailure};
 use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
 use crate::plan::{Target, UpPlan};
+use crate::schedule::{Needs, TaskInfo};
+
+/// A build lost on its agent is queued again elsewhere at most this often.
+const REQUEUES: usize = 2;
+
+/// How a build on one agent went wrong.
+pub(super) enum BuildError {
+    /// The build failed: it would fail anywhere.
+    Failed(Failure),
+    /// The agent went away or stalled: the build may run elsewhere.
+    AgentLost(TaskFailure),
+}
+
+impl From<BuildError> for Failure {
+    fn from(err: BuildError) -> Failure {
+        match err {
+            BuildError::Failed(failure) => failure,
+            BuildError::AgentLost(err) => Failure::whole(err.to_string()),
+        }
+    }
+}
+
+/// Who the queue is fair between: the instance's team, else the user who asked.
+pub(crate) fn owner(plan: &UpPlan) -> String {
+    plan.team.clone().map_or_else(|| plan.requested_by.clone(), |team| format!("team:{team}"))
+}
+
+/// 1st, 2nd, 3rd, 4th … 11th, 12th, 13th, 21st.
+fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
 
 /// How long a converge waits for its client to upload the contexts it asked for.
 const UPLOAD_WAIT: Duration = Duration::from_secs(600);
@@ -61,20 +100,12 @@ impl Engine {
         Ok(())
     }
 
-    /// Builds (when decided) and delivers one image, and returns its record entry.
-    pub(super) async fn build_and_deliver(
-        &self,
-        host: &AgentConn,
-        id: &ConvergeId,
-        plan: &UpPlan,
-        d: &Decision<'_>,
-        generation: u64,
-        events: &Events,
-    ) -> Result<RecordedImage, Failure> {
+    /// Says why an image is delivered without a build (a delivery that only confirms the record
+    /// says nothing unless it moves something).
+    pub(super) fn announce_held(&self, plan: &UpPlan, d: &Decision<'_>, events: &Events) {
         let name = d.image.name.as_str();
         let reference = d.image.reference.clone();
         match d.action {
-            Action::Build => self.build(host, id, plan, d, &d.reason, events).await?,
             Action::Deliver if !d.confirming => {
                 let words = match (&d.reason, &plan.target) {
                     (Reason::Gone { .. }, Target::Registry { .. }) => format!("{} — pushing again", d.reason.words()),
@@ -87,8 +118,22 @@ impl Engine {
                     words,
                 );
             }
-            Action::Deliver | Action::Skip => {}
+            Action::Build | Action::Deliver | Action::Skip => {}
         }
+    }
+
+    /// Delivers one image `host` holds (built or held there), and returns its record entry.
+    pub(super) async fn deliver_from(
+        &self,
+        host: &Arc<AgentConn>,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        generation: u64,
+        events: &Events,
+    ) -> Result<RecordedImage, Failure> {
+        let name = d.image.name.as_str();
+        let reference = d.image.reference.clone();
         let mut rebuilt = 0;
         loop {
             // A sweep elsewhere may take the ref between its build (or held check) and its use:
@@ -128,7 +173,65 @@ impl Engine {
             let digest = d.inputs.context.to_string();
             self.ensure(std::slice::from_ref(&digest), std::slice::from_ref(d), events).await?;
             let reason = Reason::Gone { store: crate::sweep::host_store_of(host), generation };
-            self.build(host, id, plan, d, &reason, events).await?;
+            // On the same agent: the delivery reads the image from there.
+            self.build_placed(id, plan, d, &reason, Some(host.id.clone()), events).await?;
+        }
+    }
+
+    /// Builds `d` on whichever agent the queue gives it (`required`: that agent only), queued
+    /// again elsewhere when its agent is lost or stalls, at most [`REQUEUES`] times. Returns the
+    /// agent that built it.
+    pub(super) async fn build_placed(
+        &self,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        reason: &Reason,
+        required: Option<String>,
+        events: &Events,
+    ) -> Result<Arc<AgentConn>, Failure> {
+        let name = d.image.name.as_str();
+        let task = TaskInfo {
+            converge: id.to_string(),
+            owner: owner(plan),
+            image: name.to_string(),
+            reference: d.image.reference.clone(),
+            context: d.inputs.context.to_string(),
+        };
+        let platform = plan.platforms.first().cloned().unwrap_or_default();
+        let mut lost: Vec<String> = Vec::new();
+        loop {
+            let needs = Needs { platform: platform.clone(), required: required.clone(), exclude: lost.clone() };
+            let on_queued = |position: u32, wait: Duration| {
+                let words = format!("queued ({}, ~{} s)", ordinal(position), wait.as_secs().max(1));
+                let kind = EventKind::Queued { position, wait_ms: wait.as_millis() as u64 };
+                events.emit(kind, Some(name), words);
+            };
+            let grant = match self.hub.schedule.acquire(task.clone(), needs, on_queued).await {
+                Ok(grant) => grant,
+                Err(why) if lost.is_empty() => return Err(Failure::of(name, why.to_string())),
+                Err(why) => {
+                    let why = format!("{why}; the build was lost on agent(s) {}", lost.join(", "));
+                    return Err(Failure::of(name, why));
+                }
+            };
+            match self.build(&grant.agent, id, plan, d, reason, events).await {
+                Ok(()) => return Ok(grant.agent.clone()),
+                Err(BuildError::Failed(failure)) => return Err(failure),
+                Err(BuildError::AgentLost(err)) => {
+                    lost.push(grant.agent.id.clone());
+                    if lost.len() > REQUEUES || required.is_some() {
+                        let why = format!(
+                            "build of {} failed: {err} (lost on agent(s) {})",
+                            d.image.reference,
+                            lost.join(", ")
+                        );
+                        return Err(Failure::of(name, why));
+                    }
+                    let words = format!("{err} — queued again (retry {} of {REQUEUES})", lost.len());
+                    events.emit(EventKind::Requeued { agent: grant.agent.id.clone() }, Some(name), words);
+                }
+            }
         }
     }
 
@@ -178,7 +281,7 @@ impl Engine {
         d: &Decision<'_>,
         reason: &Reason,
         events: &Events,
-    ) -> Result<(), Failure> {
+    ) -> Result<(), BuildError> {
         let name = d.image.name.as_str();
         let inputs = d.inputs;
         let words = match reason {
@@ -220,7 +323,7 @@ impl Engine {
             // Docker's classic builder fails a step whose cached parent image was removed while
             // it ran (another sweep or `docker rmi` on the same daemon). Once more builds it anew.
             match &result {
-                Err(TaskFailure::Failed { message, .. }) if !retried && message.contains("unable to find image") => {
+                Err(TaskFailure::Failed { kind: pb::task_error::Kind::CacheVanished, .. }) if !retried => {
                     retried = true;
                     events.emit(EventKind::Note, Some(name), "a cached build step vanished mid-build; building again");
                 }
@@ -233,12 +336,16 @@ impl Engine {
                 events.emit(EventKind::Built { secs }, Some(name), "");
                 Ok(())
             }
-            Ok(_) => Err(Failure::of(name, format!("host {} answered the build with something else", host.id))),
+            Ok(_) => Err(BuildError::Failed(Failure::of(
+                name,
+                format!("host {} answered the build with something else", host.id),
+            ))),
+            Err(err) if err.agent_lost() => Err(BuildError::AgentLost(err)),
             Err(err) => {
                 if let TaskFailure::Failed { kind: pb::task_error::Kind::ContextMismatch, .. } = err {
                     self.contexts.forget(&inputs.context).await;
                 }
-                Err(Failure::of(name, format!("build of {} failed: {err}", d.image.reference)))
+                Err(BuildError::Failed(Failure::of(name, format!("build of {} failed: {err}", d.image.reference))))
             }
         }
     }

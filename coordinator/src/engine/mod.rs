@@ -5,10 +5,15 @@
 //! image is built and delivered. A failure leaves the record untouched and releases the claims.
 //!
 //! - `decide` — step 3: the decision and its reason per image, presence confirmed.
-//! - `execute` — steps 4–6: contexts, builds, deliveries, a ref gone at its use rebuilt.
+//! - `execute` — steps 4–6: contexts, builds (through the farm's queue, `schedule`), deliveries,
+//!   a ref gone at its use rebuilt.
+//! - `parallel` — every image a task of its own, in parallel, in the order of the FROM graph.
+//! - `running` — the converges running now, for `kiln cancel` and `kiln ps`.
 
 mod decide;
 mod execute;
+mod parallel;
+pub mod running;
 
 use crate::contexts::Contexts;
 use crate::events::Events;
@@ -20,8 +25,6 @@ use crate::Config;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-pub(crate) use decide::wears;
 
 /// How long a converge waits for a host agent to connect when none is.
 const AGENT_WAIT: Duration = Duration::from_secs(10);
@@ -38,6 +41,7 @@ pub struct Engine {
     /// Spools images on their way from a host agent to node agents.
     pub relay: crate::relay::Relay,
     pub config: Config,
+    pub running: running::Running,
 }
 
 impl std::fmt::Debug for Engine {
@@ -67,6 +71,45 @@ impl Failure {
     fn whole(reason: impl Into<String>) -> Failure {
         Failure { image: None, reason: reason.into() }
     }
+
+    /// The converge was cancelled; `why` says by whom or what.
+    pub fn cancelled(why: String) -> Failure {
+        Failure::whole(format!(
+            "cancelled: {why}; nothing was recorded, and `kiln up` again resumes from the build cache"
+        ))
+    }
+}
+
+pub(crate) use execute::owner;
+
+/// `kiln ps`: the converges running here and their build tasks, queued and running.
+pub(crate) fn ps(engine: &Engine) -> kiln_proto::v1::PsReply {
+    use kiln_proto::v1 as pb;
+    let tasks = engine.hub.schedule.tasks();
+    let converges = engine
+        .running
+        .list()
+        .into_iter()
+        .map(|(id, instance, owner, requested_by, started_ms)| {
+            let mut mine: Vec<_> = tasks.iter().filter(|t| t.task.converge == id).collect();
+            mine.sort_by_key(|t| (t.agent.is_empty(), t.position, t.task.image.clone()));
+            let tasks = mine
+                .into_iter()
+                .map(|t| pb::PsTask {
+                    image: t.task.image.clone(),
+                    reference: t.task.reference.clone(),
+                    state: if t.agent.is_empty() { "queued" } else { "building" }.to_string(),
+                    agent: t.agent.clone(),
+                    millis: t.since.elapsed().as_millis() as u64,
+                    position: t.position,
+                    wait_ms: t.wait.as_millis() as u64,
+                })
+                .collect();
+            pb::PsConverge { converge_id: id, instance, owner, requested_by, started_ms, tasks }
+        })
+        .collect();
+    let (slots, busy) = engine.hub.schedule.slots();
+    pb::PsReply { converges, slots, busy }
 }
 
 fn store_failure(err: crate::store::StoreError) -> Failure {
@@ -138,14 +181,7 @@ impl Engine {
             }
             let generation = record.as_ref().map_or(0, |r| r.generation.0);
             self.ensure_contexts(&decisions, events).await?;
-            for d in &decisions {
-                let entry = match (d.action, d.recorded) {
-                    (Action::Skip, Some(entry)) => entry.clone(),
-                    _ => self.build_and_deliver(&host, id, plan, d, generation, events).await?,
-                };
-                recorded.push(entry);
-                self.store.renew_claims(id, now_ms() + lease).await.map_err(store_failure)?;
-            }
+            recorded.extend(self.run_all(&host, id, plan, &decisions, generation, events).await?);
         }
 
         // Keep the manifest's order in the record.
@@ -163,7 +199,10 @@ impl Engine {
         Ok(Converged { generation: generation.0, changed: true })
     }
 
-    /// A host agent that can build the platform set, preferring one that already holds images.
+    /// The host agent the converge decides on (its listing, its registry probe) and delivers held
+    /// images from: the one whose inventory holds the most of the plan's images, by the
+    /// inventories the coordinator keeps — never a live listing per agent. Among equals, one
+    /// chosen by the instance's name, so instances spread over the farm and each keeps its own.
     async fn pick_host(&self, plan: &UpPlan) -> Result<Arc<AgentConn>, Failure> {
         let deadline = Instant::now() + AGENT_WAIT;
         loop {
@@ -174,19 +213,17 @@ impl Engine {
                 .filter(|a| a.is_host())
                 .filter(|a| a.platforms.is_empty() || plan.platforms.iter().all(|p| a.platforms.contains(p)))
                 .collect();
-            if hosts.len() == 1 {
-                return Ok(hosts.into_iter().next().unwrap());
-            }
-            if hosts.len() > 1 {
-                let mut best = (0usize, hosts[0].clone());
-                for host in hosts {
-                    let listing = decide::list(&host, "").await.unwrap_or_default();
-                    let held = plan.images.iter().filter(|i| wears(&listing, &i.reference).is_some()).count();
-                    if held > best.0 {
-                        best = (held, host);
-                    }
-                }
-                return Ok(best.1);
+            if !hosts.is_empty() {
+                let spread = {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    plan.instance.hash(&mut h);
+                    h.finish() as usize
+                };
+                let held = |a: &AgentConn| plan.images.iter().filter(|i| a.holds(&i.reference)).count();
+                let most = hosts.iter().map(|a| held(a)).max().unwrap_or(0);
+                let best: Vec<_> = hosts.into_iter().filter(|a| held(a) == most).collect();
+                return Ok(best[spread % best.len()].clone());
             }
             if Instant::now() >= deadline {
                 return Err(Failure::whole(format!(

@@ -133,6 +133,9 @@ pub const RULES: &[(&str, Rule)] = &[
     ("/kiln.v1.Kiln/Pins", Rule::Read),
     ("/kiln.v1.Kiln/Audit", Rule::Read),
     ("/kiln.v1.Kiln/WhoAmI", Rule::Read),
+    // A member cancels converges of instances it owns (checked by the handler); an admin any.
+    ("/kiln.v1.Kiln/Cancel", Rule::Member),
+    ("/kiln.v1.Kiln/Ps", Rule::Read),
     ("/kiln.v1.ContentStore/FindMissing", Rule::Member),
     ("/kiln.v1.ContentStore/Upload", Rule::Member),
     ("/kiln.v1.ContentStore/Download", Rule::HostAgentOrMember),

@@ -1,0 +1,262 @@
+//! `kiln-bench farm` and `kiln-bench parallel` (issue 9): the scheduler under a farm's load, with
+//! simulated build hosts (`kiln_e2e::sim`) over real gRPC to a real coordinator on loopback — this
+//! machine has one Docker daemon, a farm has a thousand.
+//!
+//! - `farm`: N simulated agents connected and heartbeating; M concurrent converges of K images,
+//!   each build taking a set time. Measured: the latency of a no-op `Up` under that load, task
+//!   dispatch latency (queued → the build starting on its agent), converges per second, the
+//!   builds' makespan against the ideal (total build time / total slots), the process's peak RSS
+//!   and CPU time (coordinator and every simulated agent together: an upper bound).
+//! - `parallel`: one converge of 20 images on 4 agents × 1 slot, against the same converge on one
+//!   agent × 1 slot — the one-host-sequential schedule the coordinator had before.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use kiln_e2e::sim::{write_instance, SimFarm};
+use kiln_e2e::wire;
+
+use crate::util::{self, Contestant};
+
+#[derive(Debug, clap::Args)]
+pub struct FarmArgs {
+    #[arg(long, default_value_t = 1000)]
+    agents: usize,
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    #[arg(long, default_value_t = 200)]
+    converges: usize,
+    #[arg(long, default_value_t = 5)]
+    images: usize,
+    #[arg(long, default_value_t = 200)]
+    build_ms: u64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ParallelArgs {
+    #[arg(long, default_value_t = 20)]
+    images: usize,
+    #[arg(long, default_value_t = 4)]
+    agents: usize,
+    #[arg(long, default_value_t = 500)]
+    build_ms: u64,
+    /// Measured runs per contestant (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+}
+
+const UP_P99_GOAL_MS: f64 = 50.0;
+const DISPATCH_P99_GOAL_MS: f64 = 20.0;
+const MAKESPAN_GOAL: f64 = 1.15;
+const SPEEDUP_GOAL: f64 = 3.5;
+
+fn instance_images(n: usize, salt: &str) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("img{i}"), format!("{salt} {i}"))).collect()
+}
+
+fn write(dir: &Path, instance: &str, images: &[(String, String)]) {
+    let refs: Vec<(&str, &str)> = images.iter().map(|(n, c)| (n.as_str(), c.as_str())).collect();
+    write_instance(dir, instance, Some(&format!("team-{instance}")), &refs);
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Peak RSS (MiB) and user+system CPU seconds of this process.
+fn rss_and_cpu() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let hwm = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1));
+    let rss = hwm.and_then(|kb| kb.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    // After the command's `)`: state is field 0, utime 11, stime 12; 100 ticks per second.
+    ((rss), (ticks(11) + ticks(12)) / 100.0)
+}
+
+pub fn farm(args: &FarmArgs) -> Result<()> {
+    let scratch = util::scratch_dir("kiln-bench-farm-")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let build = Duration::from_millis(args.build_ms);
+    eprintln!("starting a coordinator and {} simulated agents …", args.agents);
+    let started = Instant::now();
+    let farm = rt.block_on(SimFarm::start(args.agents, args.slots, build, |_| {}));
+    eprintln!("  connected in {}", util::fmt(started.elapsed()));
+
+    // The probe: a recorded instance whose no-op converge is timed while the load runs.
+    let probe = scratch.path().join("probe");
+    write(&probe, "probe", &instance_images(2, "probe"));
+    let first = rt.block_on(wire::up(&farm.url, &probe, false));
+    if !wire::succeeded(&first) {
+        bail!("the probe's first converge failed: {first:#?}");
+    }
+    let dirs: Vec<_> = (0..args.converges)
+        .map(|i| {
+            let dir = scratch.path().join(format!("c{i:04}"));
+            write(&dir, &format!("load{i:04}"), &instance_images(args.images, &format!("load {i}")));
+            dir
+        })
+        .collect();
+    // Every context uploaded once first, with builds instant: the measured round is the
+    // scheduler's, not the upload path's (`kiln-bench upload` measures that). It rebuilds
+    // everything (`--force`), so every image is a build task again.
+    for agent in &farm.agents {
+        agent.store.set_build_time(Duration::ZERO);
+    }
+    rt.block_on(run_all(&farm.url, &dirs, false))?;
+    for agent in &farm.agents {
+        agent.store.set_build_time(build);
+    }
+    let before_builds = farm.builds().len();
+    let (_, cpu_before) = rss_and_cpu();
+
+    let load_started = Instant::now();
+    let url = farm.url.clone();
+    let load = rt.spawn({
+        let dirs = dirs.clone();
+        async move { run_all(&url, &dirs, true).await }
+    });
+    let mut up_ms: Vec<f64> = Vec::new();
+    while !load.is_finished() {
+        let t = Instant::now();
+        let events = rt.block_on(wire::up(&farm.url, &probe, false));
+        if !wire::succeeded(&events) {
+            bail!("a no-op converge under load failed: {events:#?}");
+        }
+        up_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    rt.block_on(load)??;
+    let load_secs = load_started.elapsed().as_secs_f64();
+    let (rss, cpu_after) = rss_and_cpu();
+
+    let builds: Vec<_> = farm.builds().into_iter().skip(before_builds).collect();
+    let expected = args.converges * args.images;
+    if builds.len() != expected {
+        bail!("{} builds ran under load, {expected} expected", builds.len());
+    }
+    let first_start = builds.iter().map(|(_, b)| b.started).min().unwrap();
+    let last_end = builds.iter().filter_map(|(_, b)| b.finished).max().unwrap();
+    let makespan = (last_end - first_start).as_secs_f64();
+    let total_slots = args.agents as f64 * f64::from(args.slots);
+    let ideal = (expected as f64 * build.as_secs_f64() / total_slots).max(build.as_secs_f64());
+    // Dispatch: from a build task joining the queue to its build starting on its agent.
+    let queued: std::collections::HashMap<String, (u64, u64)> = kiln_coordinator::metrics::dispatches()
+        .into_iter()
+        .map(|d| (d.reference, (d.enqueued_us, d.granted_us)))
+        .collect();
+    let mut dispatch_ms: Vec<f64> = Vec::new();
+    let mut decide_ms: Vec<f64> = Vec::new();
+    let mut enqueued: Vec<u64> = Vec::new();
+    for (_, b) in &builds {
+        if let Some((enq, granted)) = queued.get(&b.tag) {
+            dispatch_ms.push(b.started_us.saturating_sub(*enq) as f64 / 1e3);
+            decide_ms.push(granted.saturating_sub(*enq) as f64 / 1e3);
+            enqueued.push(*enq);
+        }
+    }
+    let spread = (enqueued.iter().max().unwrap_or(&0) - enqueued.iter().min().unwrap_or(&0)) as f64 / 1e6;
+    for v in [&mut up_ms, &mut dispatch_ms, &mut decide_ms] {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    }
+    let last_enqueue_to_end = {
+        let last = *enqueued.iter().max().unwrap_or(&0);
+        let end_us = builds.iter().map(|(_, b)| b.started_us).max().unwrap_or(0) + build.as_micros() as u64;
+        end_us.saturating_sub(last) as f64 / 1e6
+    };
+
+    println!("## The farm under load (simulated agents)\n");
+    println!(
+        "{} simulated agents × {} slot(s) connected and heartbeating to one coordinator on loopback; {} concurrent converges × {} images (contexts uploaded beforehand; every image rebuilt with `--force`), simulated builds of {} ms.\n",
+        args.agents, args.slots, args.converges, args.images, args.build_ms
+    );
+    println!("| measure | value | goal |\n|---|---|---|");
+    println!(
+        "| no-op `Up` under load, p50 / p99 ({} samples) | {:.1} / {:.1} ms | p99 ≤ {UP_P99_GOAL_MS} ms |",
+        up_ms.len(),
+        percentile(&up_ms, 0.5),
+        percentile(&up_ms, 0.99)
+    );
+    println!(
+        "| dispatch: queued → build starts on its agent, p50 / p99 | {:.1} / {:.1} ms | p99 ≤ {DISPATCH_P99_GOAL_MS} ms |",
+        percentile(&dispatch_ms, 0.5),
+        percentile(&dispatch_ms, 0.99)
+    );
+    println!(
+        "| of which the queue's decision (queued → slot granted), p50 / p99 | {:.2} / {:.2} ms | |",
+        percentile(&decide_ms, 0.5),
+        percentile(&decide_ms, 0.99)
+    );
+    println!("| converges/s | {:.1} | |", args.converges as f64 / load_secs);
+    println!(
+        "| builds' makespan (first build start → last build end) vs ideal {ideal:.3} s | {makespan:.3} s = {:.2}× | ≤ {MAKESPAN_GOAL}× |",
+        makespan / ideal
+    );
+    println!("| build tasks joining the queue: first → last (the converges' own arrival) | {spread:.3} s | |");
+    println!(
+        "| last task queued → last build ends | {last_enqueue_to_end:.3} s (one build is {:.3} s) | |",
+        build.as_secs_f64()
+    );
+    println!("| process peak RSS (coordinator + {} simulated agents) | {rss:.0} MiB | |", args.agents);
+    println!(
+        "| process CPU during the load (coordinator + agents) | {:.1} s over {load_secs:.1} s | |",
+        cpu_after - cpu_before
+    );
+    rt.block_on(farm.stop());
+    Ok(())
+}
+
+/// Runs every instance's converge at once; fails if any fails.
+async fn run_all(url: &str, dirs: &[std::path::PathBuf], force: bool) -> Result<()> {
+    let mut running = tokio::task::JoinSet::new();
+    for dir in dirs {
+        let (url, dir) = (url.to_string(), dir.clone());
+        running.spawn(async move { (dir.clone(), wire::up(&url, &dir, force).await) });
+    }
+    while let Some(joined) = running.join_next().await {
+        let (dir, events) = joined.context("a converge panicked")?;
+        if !wire::succeeded(&events) {
+            bail!("the converge of {} failed: {:?}", dir.display(), events.last());
+        }
+    }
+    Ok(())
+}
+
+pub fn parallel(args: &ParallelArgs) -> Result<()> {
+    let scratch = util::scratch_dir("kiln-bench-parallel-")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let build = Duration::from_millis(args.build_ms);
+    let run = std::cell::Cell::new(0u32);
+    let converge = |agents: usize| -> Result<Duration> {
+        run.set(run.get() + 1);
+        let farm = rt.block_on(SimFarm::start(agents, 1, build, |_| {}));
+        let dir = scratch.path().join(format!("run{}", run.get()));
+        write(&dir, &format!("par{}", run.get()), &instance_images(args.images, &format!("run {}", run.get())));
+        let started = Instant::now();
+        let events = rt.block_on(wire::up(&farm.url, &dir, false));
+        let took = started.elapsed();
+        if !wire::succeeded(&events) {
+            bail!("the converge failed: {:?}", events.last());
+        }
+        rt.block_on(farm.stop());
+        Ok(took)
+    };
+    let mut contestants = vec![
+        Contestant::new(format!("{} agents × 1 slot, in parallel", args.agents), || converge(args.agents)),
+        Contestant::new("1 agent × 1 slot (one host, sequential)", || converge(1)),
+    ];
+    util::rounds(&mut contestants, args.runs, 0, || Ok(()))?;
+    let speedup = contestants[1].median().as_secs_f64() / contestants[0].median().as_secs_f64();
+    println!("## Parallel placement (simulated agents)\n");
+    println!(
+        "One converge of {} images (simulated builds of {} ms, contexts uploaded in the run); {} runs each, medians.",
+        args.images, args.build_ms, args.runs
+    );
+    util::print_table("A 20-image converge", &contestants);
+    println!("\n- speed-up of parallel placement: {speedup:.2}× (goal ≥ {SPEEDUP_GOAL}×)");
+    Ok(())
+}

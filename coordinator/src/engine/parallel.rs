@@ -1,0 +1,139 @@
+//! Step 5 for every image at once: each image that needs more than a skip is a task of its own,
+//! built wherever the queue gives it a slot and delivered from there; an image built `FROM`
+//! another image of the converge waits for it and builds on the agent that holds it. The first
+//! failure ends the converge: the other tasks are dropped, which takes them out of the queue and
+//! stops what their agents run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::watch;
+
+use super::decide::Decision;
+use super::{store_failure, Engine, Failure};
+use crate::events::Events;
+use crate::hub::AgentConn;
+use crate::model::{Action, ConvergeId, RecordedImage};
+use crate::plan::UpPlan;
+
+/// Where each image of the converge ended up: the agent holding it, once it is there. `None`
+/// inside: the image failed.
+struct Graph {
+    done: HashMap<String, watch::Sender<Option<Option<String>>>>,
+}
+
+impl Graph {
+    fn new(decisions: &[Decision<'_>]) -> Graph {
+        let done = decisions.iter().map(|d| (d.image.name.clone(), watch::channel(None).0)).collect();
+        Graph { done }
+    }
+
+    fn finish(&self, name: &str, agent: Option<String>) {
+        if let Some(tx) = self.done.get(name) {
+            tx.send_replace(Some(agent));
+        }
+    }
+
+    /// Waits for `name`; the agent that holds it, or `None` if it failed or is not built here.
+    async fn wait(&self, name: &str) -> Result<Option<String>, ()> {
+        let Some(tx) = self.done.get(name) else { return Ok(None) };
+        let mut rx = tx.subscribe();
+        loop {
+            if let Some(agent) = rx.borrow_and_update().clone() {
+                return agent.map(Some).ok_or(());
+            }
+            if rx.changed().await.is_err() {
+                return Err(());
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Runs every decision to its record entry, in parallel; entries come back in decision order.
+    pub(super) async fn run_all(
+        &self,
+        home: &Arc<AgentConn>,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        decisions: &[Decision<'_>],
+        generation: u64,
+        events: &Events,
+    ) -> Result<Vec<RecordedImage>, Failure> {
+        let graph = Graph::new(decisions);
+        let mut tasks: FuturesUnordered<_> = decisions
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let graph = &graph;
+                async move {
+                    let result = self.run_one(home, id, plan, d, generation, events, graph).await;
+                    graph.finish(&d.image.name, result.as_ref().ok().and_then(|(_, agent)| agent.clone()));
+                    (i, result.map(|(entry, _)| entry))
+                }
+            })
+            .collect();
+        let lease = self.config.claim_lease;
+        let mut renew = tokio::time::interval((lease / 3).max(std::time::Duration::from_millis(100)));
+        renew.tick().await;
+        let mut entries: Vec<Option<RecordedImage>> = vec![None; decisions.len()];
+        loop {
+            tokio::select! {
+                next = tasks.next() => match next {
+                    Some((i, Ok(entry))) => entries[i] = Some(entry),
+                    // Dropping `tasks` drops the rest: out of the queue, stopped on their agents.
+                    Some((_, Err(failure))) => return Err(failure),
+                    None => break,
+                },
+                _ = renew.tick() => {
+                    let until = super::now_ms() + lease.as_millis() as u64;
+                    self.store.renew_claims(id, until).await.map_err(store_failure)?;
+                }
+            }
+        }
+        Ok(entries.into_iter().map(|e| e.expect("every task answered")).collect())
+    }
+
+    /// One image: wait for the images it builds FROM, then skip, deliver, or build and deliver.
+    /// Returns its record entry and the agent holding it (for the images built FROM it).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_one(
+        &self,
+        home: &Arc<AgentConn>,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        generation: u64,
+        events: &Events,
+        graph: &Graph,
+    ) -> Result<(RecordedImage, Option<String>), Failure> {
+        let name = d.image.name.as_str();
+        // The base exists on the daemon that built it: the child builds there too.
+        let mut required = None;
+        for base in &d.inputs.from {
+            match graph.wait(base).await {
+                Ok(agent) => required = required.or(agent),
+                Err(()) => {
+                    return Err(Failure::of(name, format!("not built: the image it builds FROM, {base}, failed")))
+                }
+            }
+        }
+        match (d.action, d.recorded) {
+            (Action::Skip, Some(entry)) => {
+                let holder = home.holds(&d.image.reference).then(|| home.id.clone());
+                Ok((entry.clone(), holder))
+            }
+            (Action::Build, _) => {
+                let agent = self.build_placed(id, plan, d, &d.reason, required, events).await?;
+                let entry = self.deliver_from(&agent, id, plan, d, generation, events).await?;
+                Ok((entry, Some(agent.id.clone())))
+            }
+            _ => {
+                self.announce_held(plan, d, events);
+                let entry = self.deliver_from(home, id, plan, d, generation, events).await?;
+                Ok((entry, Some(home.id.clone())))
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Where a build task goes, among the agents with a free slot: pure, so the rules are tested
+//! without agents.
+//!
+//! 1. Only an agent that may run it: a host that builds the task's platform, not excluded (an agent
+//!    the task was already lost on), and the one agent it requires when it builds `FROM` an image of
+//!    its converge (the base exists on that daemon only).
+//! 2. A warm agent first — it holds the image, or built the context before (Docker's layer cache) —
+//!    the least loaded of them.
+//! 3. Otherwise the least loaded of all, but only once the task has waited `affinity_wait` for a
+//!    warm one, or when no warm agent is connected at all: warmth is worth a short wait, never a
+//!    starving one.
+
+use std::time::Duration;
+
+/// What placement needs to know of one connected host agent.
+#[derive(Clone, Debug)]
+pub struct Candidate<'a> {
+    pub id: &'a str,
+    pub platforms: &'a [String],
+    pub slots: u32,
+    pub busy: u32,
+    /// The agent holds the task's image or built its context before.
+    pub warm: bool,
+}
+
+/// What placement needs to know of one waiting task.
+#[derive(Clone, Debug, Default)]
+pub struct Needs {
+    pub platform: String,
+    pub required: Option<String>,
+    pub exclude: Vec<String>,
+}
+
+/// The outcome for one task and the agents now connected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Run it on the candidate at this index.
+    On(usize),
+    /// A warm agent is connected but busy: ask again when it frees up or the affinity wait ends.
+    WaitWarm,
+    /// No agent with a free slot may run it now.
+    Wait,
+}
+
+impl Candidate<'_> {
+    fn free(&self) -> bool {
+        self.busy < self.slots
+    }
+
+    fn may_run(&self, needs: &Needs) -> bool {
+        let platform_ok =
+            needs.platform.is_empty() || self.platforms.is_empty() || self.platforms.contains(&needs.platform);
+        let required_ok = needs.required.as_deref().is_none_or(|id| id == self.id);
+        platform_ok && required_ok && !needs.exclude.iter().any(|id| id == self.id)
+    }
+
+    /// Busy share of the slots: the least loaded has the most room left, relative to its size.
+    fn load(&self) -> (u64, u32) {
+        ((self.busy as u64 * 1_000_000) / self.slots.max(1) as u64, u32::MAX - self.slots)
+    }
+}
+
+/// Chooses for one task that has waited `waited` of `affinity_wait`.
+pub fn choose(candidates: &[Candidate<'_>], needs: &Needs, waited: Duration, affinity_wait: Duration) -> Choice {
+    let least = |warm_only: bool| {
+        let free = candidates.iter().enumerate().filter(|(_, c)| c.may_run(needs) && c.free());
+        free.filter(|(_, c)| c.warm || !warm_only).min_by_key(|(i, c)| (c.load(), *i)).map(|(i, _)| i)
+    };
+    if let Some(i) = least(true) {
+        return Choice::On(i);
+    }
+    let warm_connected = candidates.iter().any(|c| c.warm && c.may_run(needs));
+    if warm_connected && waited < affinity_wait {
+        return Choice::WaitWarm;
+    }
+    match least(false) {
+        Some(i) => Choice::On(i),
+        None => Choice::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent<'a>(id: &'a str, slots: u32, busy: u32, warm: bool) -> Candidate<'a> {
+        Candidate { id, platforms: &[], slots, busy, warm }
+    }
+
+    const WAIT: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_free_warm_agent_wins_over_a_less_loaded_cold_one() {
+        let agents = [agent("cold", 4, 0, false), agent("warm", 4, 3, true)];
+        assert_eq!(choose(&agents, &Needs::default(), Duration::ZERO, WAIT), Choice::On(1));
+    }
+
+    #[test]
+    fn a_busy_warm_agent_is_waited_for_only_until_the_affinity_wait_ends() {
+        let agents = [agent("cold", 1, 0, false), agent("warm", 1, 1, true)];
+        assert_eq!(choose(&agents, &Needs::default(), Duration::from_millis(500), WAIT), Choice::WaitWarm);
+        assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT), Choice::On(0));
+    }
+
+    #[test]
+    fn among_equals_the_least_loaded_share_wins() {
+        let agents = [agent("a", 2, 1, false), agent("b", 8, 2, false), agent("c", 2, 2, false)];
+        assert_eq!(choose(&agents, &Needs::default(), Duration::ZERO, WAIT), Choice::On(1));
+    }
+
+    #[test]
+    fn no_agent_ever_gets_more_than_its_slots() {
+        let agents = [agent("a", 2, 2, true), agent("b", 1, 1, false)];
+        assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT), Choice::Wait);
+    }
+
+    #[test]
+    fn platform_requirement_and_exclusion_are_never_bent() {
+        let arm = ["linux/arm64".to_string()];
+        let amd = ["linux/amd64".to_string()];
+        let agents = [
+            Candidate { id: "arm", platforms: &arm, slots: 1, busy: 0, warm: true },
+            Candidate { id: "amd", platforms: &amd, slots: 1, busy: 0, warm: false },
+            Candidate { id: "lost", platforms: &amd, slots: 1, busy: 0, warm: false },
+        ];
+        let needs = Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()] };
+        assert_eq!(choose(&agents, &needs, Duration::ZERO, WAIT), Choice::On(2));
+        let pinned = Needs { required: Some("amd".into()), ..Needs::default() };
+        assert_eq!(choose(&agents, &pinned, WAIT, WAIT), Choice::On(1));
+        let gone = Needs { required: Some("elsewhere".into()), ..Needs::default() };
+        assert_eq!(choose(&agents, &gone, WAIT, WAIT), Choice::Wait);
+    }
+}

@@ -174,6 +174,7 @@ mod tests {
             target_stage: String::new(),
             shared: false,
             dockerfile_digest: String::new(),
+            from: Vec::new(),
         }
     }
 

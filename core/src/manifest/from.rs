@@ -37,6 +37,7 @@ use super::error::{ManifestError, Problem};
 use super::resolve::Ctx;
 use super::{AddressError, BuiltImage, DockerfileLoc, Image, ImageSpec, Manifest, Target};
 use crate::dockerfile::{from_images, rewrite};
+use crate::order::topological;
 use crate::refs::ImageRef;
 
 /// A built image of the same manifest that an image builds `FROM`.
@@ -140,42 +141,6 @@ fn dependencies(built: &[(&str, &BuiltImage)]) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// A topological order of `deps` (each node after its dependencies, the lowest index first among
-/// those ready), or a cycle: nodes `c0 → c1 → … → c0`, the first repeated at the end.
-fn topological(deps: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
-    let mut placed = vec![false; deps.len()];
-    let mut order = Vec::with_capacity(deps.len());
-    // Quadratic in the worst case, and a manifest holds hundreds of images, not millions; the
-    // result keeps file order wherever the graph allows, which is what a reader expects.
-    while order.len() < deps.len() {
-        let ready = (0..deps.len()).find(|&i| !placed[i] && deps[i].iter().all(|&d| placed[d]));
-        match ready {
-            Some(i) => {
-                placed[i] = true;
-                order.push(i);
-            }
-            None => return Err(find_cycle(deps, &placed)),
-        }
-    }
-    Ok(order)
-}
-
-/// Every node not placed waits on another node not placed, so walking from the first of them
-/// along unplaced dependencies must come back to a node already walked: that loop is a cycle.
-fn find_cycle(deps: &[Vec<usize>], placed: &[bool]) -> Vec<usize> {
-    let mut walked: Vec<usize> = Vec::new();
-    let mut at = (0..deps.len()).find(|&i| !placed[i]).expect("a node waits");
-    loop {
-        if let Some(start) = walked.iter().position(|&n| n == at) {
-            let mut cycle = walked.split_off(start);
-            cycle.push(at);
-            return cycle;
-        }
-        walked.push(at);
-        at = *deps[at].iter().find(|&&d| !placed[d]).expect("an unplaced node waits on an unplaced node");
-    }
-}
-
 /// Reads every built image's Dockerfile, records the bases it builds `FROM`, and refuses a cycle.
 /// `spans[i]` is the table of `images[i]`, where an error about that image points.
 pub(super) fn resolve_bases(
@@ -239,25 +204,4 @@ pub(super) fn resolve_bases(
 /// `path` relative to the manifest's folder when it can be, as a person finds it from there.
 fn shown(folder: Option<&Path>, path: &Path) -> String {
     folder.and_then(|folder| relative_from(folder, path)).unwrap_or_else(|| path.display().to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_order_keeps_file_order_where_the_graph_allows() {
-        // 0 builds FROM 2, 1 FROM nothing, 2 FROM 1.
-        assert_eq!(topological(&[vec![2], vec![], vec![1]]), Ok(vec![1, 2, 0]));
-        assert_eq!(topological(&[vec![], vec![], vec![]]), Ok(vec![0, 1, 2]));
-        assert_eq!(topological(&[vec![1, 2], vec![2], vec![]]), Ok(vec![2, 1, 0]));
-    }
-
-    #[test]
-    fn a_cycle_is_found_and_given_from_its_first_node_back_to_it() {
-        assert_eq!(topological(&[vec![1], vec![0]]), Err(vec![0, 1, 0]));
-        assert_eq!(topological(&[vec![0]]), Err(vec![0, 0]), "an image FROM itself");
-        // 0 waits on the cycle 1 → 2 → 1 without being in it.
-        assert_eq!(topological(&[vec![1], vec![2], vec![1], vec![]]), Err(vec![1, 2, 1]));
-    }
 }

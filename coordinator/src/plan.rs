@@ -209,7 +209,8 @@ fn check_bases(images: &[PlanImage]) -> Result<(), Status> {
     if let Err(cycle) = kiln_core::order::topological(&deps) {
         let path: Vec<&str> = cycle.iter().map(|&i| built[i].0.name.as_str()).collect();
         return Err(Status::invalid_argument(format!(
-            "UpRequest images build FROM each other in a cycle: {} — a base is built before the images built FROM it",
+            "UpRequest images[].from: built images build FROM each other in a cycle: {} — a base is built before \
+             the images built FROM it",
             path.join(" → ")
         )));
     }

@@ -205,7 +205,8 @@ pub struct ImageSpec {
     /// (its Dockerfile names them; the CLI sent it with their content refs in their place, in
     /// `dockerfile_outside`). A base is built before the images built FROM it. The coordinator refuses
     /// a name that is no built image of the request, a cycle, and a base whose ref the Dockerfile sent
-    /// does not FROM. Empty from an older CLI, which never rewrites a FROM.
+    /// does not FROM. Empty from an older CLI, which never rewrites a FROM. An older coordinator ignores
+    /// it and builds in request order, in which the CLI lists every base before its children.
     ///
     /// NextId: 13
     #[prost(string, repeated, tag = "12")]

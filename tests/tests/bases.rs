@@ -10,6 +10,7 @@ use kiln_e2e::fixture::{reference, remove_built, unique, write};
 use kiln_e2e::wire::{images_with, up, up_request};
 use kiln_e2e::{docker, Farm};
 use kiln_proto::v1::converge_event::Kind;
+use kiln_proto::v1::input_change::Input;
 
 fn succeeded(events: &[kiln_proto::v1::ConvergeEvent]) -> bool {
     events.last().is_some_and(|e| e.kind() == Kind::Finished && e.outcome() == kiln_proto::v1::Outcome::Succeeded)
@@ -61,6 +62,13 @@ async fn a_child_builds_on_its_shared_base_and_its_tag_moves_with_the_base() {
     let events = up(&farm.url, &dir, false).await;
     assert!(succeeded(&events), "{events:#?}");
     assert_eq!(images_with(&events, Kind::Built), vec!["base", "app"], "{events:#?}");
+    // The child's own files did not move; the Dockerfile it is built from did (its FROM).
+    let moved = |name: &str| -> Vec<Input> {
+        let building = events.iter().find(|e| e.kind() == Kind::Building && e.image == name).unwrap();
+        building.reason.as_ref().unwrap().changes.iter().map(|c| c.input()).collect()
+    };
+    assert_eq!(moved("base"), [Input::Context]);
+    assert_eq!(moved("app"), [Input::Dockerfile]);
     let (new_base, new_app) = (reference(&dir, "base"), reference(&dir, "app"));
     assert_ne!(new_base, base);
     assert_ne!(new_app, app, "the child's tag follows its base's");

@@ -230,7 +230,9 @@ fn check_bases(images: &[PlanImage]) -> Result<(), Status> {
                     other_image.reference
                 )));
             }
-            if !waits.contains(&other) && names_it {
+            // Two built images of one ref (same repository and inputs) are one image to wait for.
+            let waited = waits.iter().any(|&w| refs[w].is_some() && refs[w] == refs[other]);
+            if names_it && !waited {
                 return Err(Status::invalid_argument(format!(
                     "{}: its Dockerfile builds FROM {}, built image {:?} of this converge, which from does not name \
                      — name it, so that it is built first",

@@ -154,7 +154,7 @@ fn the_child_builds_from_its_bases_content_ref_and_its_address_follows_the_base(
     let files = [
         ("base/Dockerfile", "FROM scratch\nCOPY hello /hello\n"),
         ("base/hello", "one\n"),
-        ("api/Dockerfile", "# api\nFROM base AS run\nCOPY app /app\n"),
+        ("api/Dockerfile", "# api\nFROM base AS base\nCOPY app /app\nFROM base\n"),
         ("api/app", "app\n"),
         ("plain/Dockerfile", "FROM scratch\nCOPY p /p\n"),
         ("plain/p", "p\n"),
@@ -167,7 +167,8 @@ fn the_child_builds_from_its_bases_content_ref_and_its_address_follows_the_base(
 
     // The child's Dockerfile travels rewritten; every other byte is the user's.
     let sent = String::from_utf8(api.dockerfile.sent.clone().expect("a rewritten Dockerfile travels")).unwrap();
-    assert_eq!(sent, format!("# api\nFROM {} AS run\nCOPY app /app\n", base.reference));
+    // The second FROM names the stage the first declared: it stays as written.
+    assert_eq!(sent, format!("# api\nFROM {} AS base\nCOPY app /app\nFROM base\n", base.reference));
     assert!(base.reference.to_string().starts_with("shop-base:"));
     assert_eq!(api.dockerfile.digest, blake3::hash(sent.as_bytes()).to_hex().to_string());
     // An image with no base is sent and addressed exactly as before.

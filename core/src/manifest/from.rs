@@ -22,7 +22,10 @@
 //! the context as `.kiln-dockerfile`. So a child's tag moves whenever its base's does, and nothing
 //! new has to be trusted: the coordinator recomputes the address from the bytes it will send to the
 //! agent, and the agent verifies the context archive as it always has. A Dockerfile with no base is
-//! sent and addressed exactly as before, so its tag does not change.
+//! sent and addressed exactly as before, so its tag does not change. (As for an outside Dockerfile,
+//! the build then names `.kiln-dockerfile`, so the context's own Dockerfile is an ordinary file of
+//! the context: one `.dockerignore` names stays visible to a `COPY` — it is in the tree digest, so
+//! the tag still names exactly what was built.)
 //!
 //! A base must be built before its children (their `FROM` names its tag), so the images build in
 //! [`Manifest::build_order`], and a cycle — including an image naming itself — is a manifest error

@@ -7,8 +7,7 @@
 
 use std::path::PathBuf;
 
-use kiln_core::manifest::{AddressError, ManifestError};
-use kiln_core::refs::ContentTagError;
+use kiln_core::manifest::{AddressError, ImageAddressError, ManifestError};
 
 use crate::upload::UploadError;
 
@@ -46,14 +45,6 @@ pub enum CliError {
         #[source]
         err: AddressError,
     },
-    #[error("built image {image:?} cannot be given a content tag")]
-    ContentTag {
-        image: String,
-        #[source]
-        err: ContentTagError,
-    },
-    #[error("built image {image:?}: Dockerfile {path} changed while it was read — re-run once it is quiet")]
-    DockerfileChanged { image: String, path: PathBuf },
     #[error("coordinator address {url:?} is not usable: {why}")]
     BadUrl { url: String, why: String },
     #[error("the token is not usable: {why}")]
@@ -131,14 +122,18 @@ pub enum CliError {
     Panicked { what: &'static str },
 }
 
+impl From<ImageAddressError> for CliError {
+    fn from(ImageAddressError { image, err }: ImageAddressError) -> CliError {
+        CliError::Address { image, err }
+    }
+}
+
 impl CliError {
     /// The exit code this failure is.
     pub fn exit(&self) -> Exit {
         match self {
             CliError::Manifest(_)
             | CliError::Address { .. }
-            | CliError::ContentTag { .. }
-            | CliError::DockerfileChanged { .. }
             | CliError::BadUrl { .. }
             | CliError::BadToken { .. }
             | CliError::Credentials { .. }

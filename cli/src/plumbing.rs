@@ -4,7 +4,6 @@ use anyhow::{bail, Context, Result};
 use kiln_core::archive;
 use kiln_core::digest::{digest_dir, TreeDigest, WalkOptions};
 use kiln_core::manifest::{ImageSpec, Manifest};
-use kiln_core::refs::content_ref;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -139,15 +138,13 @@ pub fn refs(dir: &Path) -> Result<()> {
     let manifest = Manifest::load(dir)?;
     let mut out = BufWriter::new(io::stdout().lock());
     writeln!(out, "instance {} → {} ({})", manifest.instance, manifest.target.kind_name(), manifest.platforms)?;
+    let (addressed, trees) = manifest.walk_and_address().with_context(|| manifest.path.display().to_string())?;
     for image in &manifest.images {
         match &image.spec {
-            ImageSpec::Built(built) => {
-                let (tree, _, address) = built
-                    .address(&manifest.platforms)
-                    .with_context(|| format!("{}: built image {:?}", manifest.path.display(), image.name))?;
-                let repo = manifest.target.qualify(&built.repository);
-                let content = content_ref(&repo, &address, &manifest.platforms)?;
-                writeln!(out, "{:<12} built    {content}  ({} entries)", image.name, tree.entries.len())?;
+            ImageSpec::Built(_) => {
+                let done = addressed.iter().find(|a| a.name == image.name).expect("every built image is addressed");
+                let entries = trees[&image.name].entries.len();
+                writeln!(out, "{:<12} built    {}  ({entries} entries)", image.name, done.reference)?;
             }
             ImageSpec::Brought(r) => writeln!(out, "{:<12} brought  {r}", image.name)?,
             ImageSpec::Pinned(r) => writeln!(out, "{:<12} pinned   {r}", image.name)?,

@@ -3,16 +3,16 @@
 //! walk and one RPC.
 //!
 //! The CLI computes each content ref, and the coordinator recomputes it from the same inputs
-//! (carried here: the context digest, the Dockerfile path the address hashed and an outside
-//! Dockerfile's bytes, args, stage, platforms) and refuses any other. So the ref here must be
-//! exactly the one `kiln refs` prints — both come from `BuiltImage::address` and `content_ref`.
+//! (carried here: the context digest, the Dockerfile path the address hashed and the bytes of a
+//! Dockerfile that travels — one outside the context, or one rewritten to name its bases by
+//! content ref — args, stage, platforms) and refuses any other. So the ref here must be exactly the
+//! one `kiln refs` prints — both come from `Manifest::address`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use kiln_core::digest::WalkOptions;
-use kiln_core::manifest::{DockerfileLoc, ImageSpec, Manifest, Target};
-use kiln_core::refs::{content_ref, image_address};
+use kiln_core::digest::{TreeDigest, WalkOptions};
+use kiln_core::manifest::{Addressed, BuiltImage, ImageSpec, Manifest, Target};
 use kiln_proto::v1::{image_spec, target, ImageSpec as WireImage, Target as WireTarget, UpRequest};
 use rayon::prelude::*;
 
@@ -38,89 +38,32 @@ pub struct ContextSource {
     pub archive_bytes: u64,
 }
 
-/// A built image after its walk: its wire spec and its context.
-struct Addressed {
-    wire: WireImage,
-    digest: String,
-    source: ContextSource,
-}
-
-/// Walks every built image's context in parallel and builds the request. Brought and pinned
-/// images pass through with their refs (in Docker's familiar form, which normalizes to the ref as
-/// written); nothing about them is checked or touched.
+/// Walks every built image's context in parallel, addresses the images in build order (a base's
+/// ref is part of the Dockerfile of an image built FROM it), and builds the request. Brought and
+/// pinned images pass through with their refs (in Docker's familiar form, which normalizes to the
+/// ref as written); nothing about them is checked or touched.
+///
+/// The request lists the images in file order, except that the built ones take the built images'
+/// places in build order, so every base comes before the images built FROM it: a coordinator that
+/// builds in request order (one older than `ImageSpec.from`) then builds bases first too.
 pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
-    let built: Vec<(usize, &str, &kiln_core::manifest::BuiltImage)> = manifest
-        .images
-        .iter()
-        .enumerate()
-        .filter_map(|(i, image)| match &image.spec {
-            ImageSpec::Built(built) => Some((i, image.name.as_str(), built)),
-            _ => None,
-        })
-        .collect();
-    let mut addressed: BTreeMap<usize, Addressed> = built
+    let built: Vec<(&str, &BuiltImage)> = manifest.built().collect();
+    let walked: Vec<(&str, TreeDigest, u64)> = built
         .par_iter()
-        .map(|&(i, name, built)| {
-            let (tree, digest, address) =
-                built.address(platforms).map_err(|err| CliError::Address { image: name.to_string(), err })?;
+        .map(|&(name, image)| {
+            let (tree, digest) = image.walk().map_err(|err| CliError::Address { image: name.to_string(), err })?;
             let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
-            let repo = manifest.target.qualify(&built.repository);
-            let reference = content_ref(&repo, &address, platforms)
-                .map_err(|err| CliError::ContentTag { image: name.to_string(), err })?;
-            let (dockerfile, dockerfile_outside) = match &built.dockerfile {
-                DockerfileLoc::Inside { rel } => (rel.clone(), Vec::new()),
-                // The address already covers these bytes; they travel in the request because the
-                // archive carries only the context, and the agent must build exactly what was addressed.
-                DockerfileLoc::Outside { path, .. } => {
-                    let contents = std::fs::read(path).map_err(|err| CliError::Address {
-                        image: name.to_string(),
-                        err: kiln_core::manifest::AddressError::Dockerfile { path: path.clone(), err },
-                    })?;
-                    // `address` read the file once already; bytes edited in between would make the
-                    // tag name a Dockerfile the agent never builds.
-                    if image_address(&built.address_inputs(digest, platforms, Some(&contents))) != address {
-                        return Err(CliError::DockerfileChanged { image: name.to_string(), path: path.clone() });
-                    }
-                    (String::new(), contents)
-                }
-            };
-            // The Dockerfile's own hash, so a rebuild can say "Dockerfile changed" apart from the
-            // rest of the context. One small read; the walk already paid for the directory.
-            let dockerfile_digest = match &built.dockerfile {
-                DockerfileLoc::Inside { rel } => std::fs::read(built.context.join(rel))
-                    .map(|bytes| blake3::hash(&bytes).to_hex().to_string())
-                    .unwrap_or_default(),
-                DockerfileLoc::Outside { .. } => blake3::hash(&dockerfile_outside).to_hex().to_string(),
-            };
-            let wire = WireImage {
-                dockerfile_digest,
-                // What the address hashed, so the coordinator can recompute it: an outside
-                // Dockerfile's path is not `dockerfile`, which stays empty for one.
-                dockerfile_path: built.dockerfile.rel().to_string(),
-                name: name.to_string(),
-                kind: image_spec::Kind::Built as i32,
-                reference: reference.to_string(),
-                context_digest: digest.to_string(),
-                dockerfile,
-                dockerfile_outside,
-                args: built.args.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-                target_stage: built.target.clone().unwrap_or_default(),
-                shared: built.shared,
-            };
-            let source = ContextSource {
-                dir: built.context.clone(),
-                walk: built.walk_options(),
-                images: vec![name.to_string()],
-                archive_bytes,
-            };
-            Ok((i, Addressed { wire, digest: digest.to_string(), source }))
+            Ok((name, digest, archive_bytes))
         })
         .collect::<Result<_, CliError>>()?;
+    let trees: BTreeMap<&str, TreeDigest> = walked.iter().map(|&(name, digest, _)| (name, digest)).collect();
+    let archive_bytes: BTreeMap<&str, u64> = walked.iter().map(|&(name, _, bytes)| (name, bytes)).collect();
 
+    let mut addressed = manifest.address(&trees)?.into_iter();
     let mut images = Vec::with_capacity(manifest.images.len());
     let mut contexts: BTreeMap<String, ContextSource> = BTreeMap::new();
-    for (i, image) in manifest.images.iter().enumerate() {
+    for image in &manifest.images {
         let passthrough = |kind: image_spec::Kind, reference: String| WireImage {
             name: image.name.clone(),
             kind: kind as i32,
@@ -129,12 +72,17 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
         };
         match &image.spec {
             ImageSpec::Built(_) => {
-                let Some(done) = addressed.remove(&i) else { continue };
+                let done = addressed.next().expect("one address per built image");
                 contexts
-                    .entry(done.digest)
-                    .and_modify(|known| known.images.push(image.name.clone()))
-                    .or_insert(done.source);
-                images.push(done.wire);
+                    .entry(done.tree.to_string())
+                    .and_modify(|known| known.images.push(done.name.to_string()))
+                    .or_insert_with(|| ContextSource {
+                        dir: done.image.context.clone(),
+                        walk: done.image.walk_options(),
+                        images: vec![done.name.to_string()],
+                        archive_bytes: archive_bytes[done.name],
+                    });
+                images.push(wire_built(done));
             }
             ImageSpec::Brought(r) => images.push(passthrough(image_spec::Kind::Brought, r.to_string())),
             ImageSpec::Pinned(r) => images.push(passthrough(image_spec::Kind::Pinned, r.to_string())),
@@ -154,6 +102,36 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
     Ok(UpPlan { request, contexts })
 }
 
+/// A built image's wire spec: what the coordinator recomputes its address from and the agent builds.
+fn wire_built(done: Addressed<'_>) -> WireImage {
+    let image = done.image;
+    // The Dockerfile as built: an outside one, or one whose FROMs now name its bases' content refs,
+    // travels by contents (the archive carries only the context), and `dockerfile` stays empty;
+    // the context's own file as it is travels in the archive, named by `dockerfile`.
+    let (dockerfile, dockerfile_outside) = match done.dockerfile.sent {
+        Some(bytes) => (String::new(), bytes),
+        None => (image.dockerfile.rel().to_string(), Vec::new()),
+    };
+    WireImage {
+        // The Dockerfile's own hash, so a rebuild can say "Dockerfile changed" apart from the rest
+        // of the context (a base's new ref is such a change).
+        dockerfile_digest: done.dockerfile.digest,
+        // What the address hashed, so the coordinator can recompute it: a sent Dockerfile's path
+        // is not `dockerfile`, which stays empty for one.
+        dockerfile_path: image.dockerfile.rel().to_string(),
+        name: done.name.to_string(),
+        kind: image_spec::Kind::Built as i32,
+        reference: done.reference.to_string(),
+        context_digest: done.tree.to_string(),
+        dockerfile,
+        dockerfile_outside,
+        args: image.args.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        target_stage: image.target.clone().unwrap_or_default(),
+        shared: image.shared,
+        from: image.base_names().into_iter().map(str::to_string).collect(),
+    }
+}
+
 fn wire_target(manifest: &Manifest) -> WireTarget {
     let namespace = manifest.namespace.clone().unwrap_or_default();
     let (kind, registry, cluster) = match &manifest.target {
@@ -168,6 +146,7 @@ fn wire_target(manifest: &Manifest) -> WireTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_core::refs::{content_ref, image_address};
     use std::path::Path;
 
     fn example(name: &str) -> Manifest {
@@ -178,7 +157,9 @@ mod tests {
     /// The refs `kiln refs examples/hello` prints, computed the same way from the same core calls.
     fn expected_ref(manifest: &Manifest, name: &str) -> String {
         let ImageSpec::Built(built) = &manifest.image(name).unwrap().spec else { panic!("{name} is built") };
-        let (_, _, address) = built.address(&manifest.platforms).unwrap();
+        let (_, tree) = built.walk().unwrap();
+        let dockerfile = built.dockerfile_as_built(&BTreeMap::new()).unwrap();
+        let address = image_address(&built.address_inputs(tree, &manifest.platforms, &dockerfile));
         content_ref(&manifest.target.qualify(&built.repository), &address, &manifest.platforms).unwrap().to_string()
     }
 
@@ -260,6 +241,38 @@ mod tests {
         assert_ne!(a.reference, b.reference, "the build arg is part of the address");
         assert_eq!(plan.contexts.len(), 1);
         assert_eq!(plan.contexts[&a.context_digest].images, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_base_comes_first_and_its_child_sends_its_dockerfile_rewritten_to_the_bases_ref() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (path, contents) in [
+            ("api/Dockerfile", "FROM base AS run\nCOPY app /app\n"),
+            ("api/app", "app\n"),
+            ("base/Dockerfile", "FROM scratch\nCOPY hello /hello\n"),
+            ("base/hello", "hello\n"),
+        ] {
+            std::fs::create_dir_all(tmp.path().join(path).parent().unwrap()).unwrap();
+            std::fs::write(tmp.path().join(path), contents).unwrap();
+        }
+        // The child first in the file, a brought image between them.
+        let text = "instance = \"shop\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n\
+                    [brought.db]\nref = \"postgres:16\"\n[built.base]\ncontext = \"base\"\nshared = true\n";
+        std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
+        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap();
+        let names: Vec<&str> = plan.request.images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["base", "db", "api"], "the base takes the first built place");
+        let [base, _, api] = &plan.request.images[..] else { panic!("three images") };
+
+        assert!(base.from.is_empty() && base.dockerfile_outside.is_empty());
+        assert_eq!(base.dockerfile, "Dockerfile");
+        assert_eq!(api.from, ["base"]);
+        let sent = String::from_utf8(api.dockerfile_outside.clone()).unwrap();
+        assert_eq!(sent, format!("FROM {} AS run\nCOPY app /app\n", base.reference));
+        assert_eq!(api.dockerfile, "", "a rewritten Dockerfile travels by contents, as an outside one does");
+        assert_eq!(api.dockerfile_path, "Dockerfile", "the path its address hashed");
+        assert_eq!(api.dockerfile_digest, blake3::hash(sent.as_bytes()).to_hex().to_string());
+        assert_eq!(plan.contexts[&api.context_digest].images, ["api"]);
     }
 
     #[test]

@@ -73,6 +73,43 @@ async fn embedded_up_builds_then_records_and_logs_replay_it() {
     remove_tags(&first.events);
 }
 
+/// The CLI's own path (`plan_up`) end to end: the child comes first in the file, and the CLI lists
+/// its base before it, so even a coordinator that builds in request order builds the base first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_up_builds_a_base_then_the_image_built_from_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shop");
+    let manifest = format!(
+        "instance = \"cli{:08x}\"\n[target]\nkind = \"local\"\n\
+         [built.app]\ncontext = \"app\"\n[built.base]\ncontext = \"base\"\nshared = true\n",
+        fastrand::u32(..)
+    );
+    for (path, contents) in [
+        ("kiln.toml", manifest.as_str()),
+        ("app/Dockerfile", "FROM base\nCOPY app.txt /app.txt\n"),
+        ("app/app.txt", "app\n"),
+        ("base/Dockerfile", "FROM scratch\nCOPY base.txt /base.txt\n"),
+        ("base/base.txt", "base\n"),
+    ] {
+        std::fs::create_dir_all(dir.join(path).parent().unwrap()).unwrap();
+        std::fs::write(dir.join(path), contents).unwrap();
+    }
+    let home = tmp.path().join("kiln-home");
+    let up = kiln::up(args(&dir, &home)).await.unwrap();
+    assert_eq!(up.outcome, Outcome::Succeeded, "{:#?}", up.events);
+    assert_eq!(images(&up.events, EventKind::Built), vec!["base", "app"]);
+    let reference = |name: &str| {
+        up.events.iter().find(|e| e.kind == EventKind::Building && e.image == name).unwrap().reference.clone()
+    };
+    // Built on the base's content tag: the base's layer (FROM scratch, one COPY) under its own.
+    let layers = std::process::Command::new("docker")
+        .args(["image", "inspect", "--format", "{{len .RootFS.Layers}}", &reference("app")])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&layers.stdout).trim(), "2", "the base's layer and the child's");
+    remove_tags(&up.events);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_build_exits_1_naming_the_image() {
     let tmp = tempfile::tempdir().unwrap();

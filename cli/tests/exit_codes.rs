@@ -120,6 +120,27 @@ fn refs_exits_2_on_a_manifest_error_as_up_does() {
 }
 
 #[test]
+fn images_built_from_each_other_in_a_cycle_exit_2_naming_the_cycle() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (path, contents) in [("a/Dockerfile", "FROM b\n"), ("b/Dockerfile", "FROM x-a\n")] {
+        std::fs::create_dir_all(tmp.path().join(path).parent().unwrap()).unwrap();
+        std::fs::write(tmp.path().join(path), contents).unwrap();
+    }
+    let manifest =
+        "instance = \"x\"\n[target]\nkind = \"local\"\n[built.a]\ncontext = \"a\"\n[built.b]\ncontext = \"b\"\n";
+    std::fs::write(tmp.path().join("kiln.toml"), manifest).unwrap();
+    // `up` refuses it before dialing anything: a manifest error, not an unreachable coordinator.
+    let dir = tmp.path().to_str().unwrap();
+    for args in [vec!["refs", dir], vec!["up", "--coordinator", "http://127.0.0.1:9", "--connect-timeout", "1", dir]] {
+        let out = kiln(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} stderr: {stderr}");
+        assert!(stderr.contains("kiln.toml:4: built images build FROM each other in a cycle: a → b → a"), "{stderr}");
+        assert!(stderr.contains("(a: a/Dockerfile:1 FROM b; b: b/Dockerfile:1 FROM x-a)"), "{stderr}");
+    }
+}
+
+#[test]
 fn digest_of_a_missing_directory_names_it_and_exits_2() {
     let out = kiln(&["digest", "no-such-context-dir"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -7,9 +7,14 @@
 //! said "recorded" over them), a ref Kiln never built (`victim:latest`, later untagged by a sweep or
 //! `down`), or a push to whatever registry the ref named. So the address is computed here from the
 //! inputs the build will use — the context's tree digest (verified on upload and again by the
-//! agent), the Dockerfile path it hashed and an outside Dockerfile's bytes (built from exactly
-//! those), the build args, the target stage and the platform set — with the same `kiln_core`
+//! agent), the Dockerfile path it hashed and the bytes of a Dockerfile sent beside the context
+//! (built from exactly those), the build args, the target stage and the platform set — with the same `kiln_core`
 //! functions the CLI uses, and the ref must be that address in the target's registry.
+//!
+//! An image built FROM another built image of the converge needs nothing more here: its Dockerfile
+//! travels in `dockerfile_outside` with the base's content ref written into the `FROM` (the CLI
+//! rewrites it), so the bytes hashed are the bytes the agent builds, and the base's address is part
+//! of the child's. `plan::check_bases` makes sure `from` is what those bytes build FROM.
 
 use kiln_core::refs::{content_ref, image_address, AddressInputs, ImageRef, Platform, PlatformSet};
 use kiln_core::sweep::hold_key;

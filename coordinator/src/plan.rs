@@ -38,8 +38,12 @@ pub struct BuildInputs {
     pub shared: bool,
     /// blake3 of the Dockerfile's bytes; empty from a client that does not say.
     pub dockerfile_digest: String,
-    /// The images of this converge it builds FROM (manifest names): built before it, on the
-    /// agent that holds them.
+    /// The names of the built images of this converge this image builds `FROM`, each once: it
+    /// must be built after them, and on a store that holds them (its Dockerfile, sent in
+    /// `dockerfile_outside`, names their content refs). Checked at the edge ([`check_bases`]):
+    /// every name is a built image of the plan whose ref that Dockerfile builds FROM, every built
+    /// image's ref it builds FROM is named, and the graph has no cycle — so the engine may follow
+    /// it without looking at a Dockerfile.
     pub from: Vec<String>,
 }
 
@@ -126,6 +130,12 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                     if image.dockerfile.is_empty() && image.dockerfile_outside.is_empty() {
                         return Err(Status::invalid_argument(at("neither dockerfile nor dockerfile_outside is set")));
                     }
+                    let mut from: Vec<String> = Vec::with_capacity(image.from.len());
+                    for name in &image.from {
+                        if !from.contains(name) {
+                            from.push(name.clone());
+                        }
+                    }
                     let inputs = BuildInputs {
                         context,
                         dockerfile: image.dockerfile.clone(),
@@ -134,7 +144,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                         target_stage: image.target_stage.clone(),
                         shared: image.shared,
                         dockerfile_digest: image.dockerfile_digest.clone(),
-                        from: Vec::new(),
+                        from,
                     };
                     // The client's ref is checked, never trusted: a tag cannot lie (`address`).
                     crate::address::check_built_ref(&image, &sent, &inputs, &platform_set, &target)?;
@@ -146,6 +156,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             };
             images.push(PlanImage { name: image.name, reference: image.reference, kind });
         }
+        check_bases(&images)?;
         Ok(UpPlan {
             instance: req.instance,
             target,
@@ -159,6 +170,87 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             team: Some(req.team).filter(|t| !t.is_empty()),
         })
     }
+}
+
+/// Refuses a `from` graph the engine could not follow, or one that is not what the Dockerfiles
+/// build: a name that is no built image of the plan, a base whose content ref the image's
+/// Dockerfile as sent does not build FROM (the child's address would not cover the base's), a
+/// built image's ref it builds FROM without naming it (the engine would not wait for it), and a
+/// cycle. Only a Dockerfile sent in `dockerfile_outside` can be read here; one inside the context
+/// names no base, since the CLI sends every Dockerfile it rewrote.
+fn check_bases(images: &[PlanImage]) -> Result<(), Status> {
+    let built: Vec<(&PlanImage, &BuildInputs)> = images
+        .iter()
+        .filter_map(|image| match &image.kind {
+            PlanKind::Built(inputs) => Some((image, inputs)),
+            _ => None,
+        })
+        .collect();
+    let at = |image: &PlanImage| format!("UpRequest image {:?}: from", image.name);
+    let mut deps: Vec<Vec<usize>> = Vec::with_capacity(built.len());
+    for (image, inputs) in &built {
+        let mut waits = Vec::with_capacity(inputs.from.len());
+        for name in &inputs.from {
+            let Some(base) = built.iter().position(|(other, _)| other.name == *name) else {
+                let what = match images.iter().find(|other| other.name == *name).map(|other| &other.kind) {
+                    Some(PlanKind::Brought) => "a brought image",
+                    Some(_) => "a pinned image",
+                    None => "no image of this request",
+                };
+                return Err(Status::invalid_argument(format!(
+                    "{}: names {name:?}, {what} — an image waits only for built images of the same converge",
+                    at(image)
+                )));
+            };
+            waits.push(base);
+        }
+        deps.push(waits);
+    }
+    if let Err(cycle) = kiln_core::order::topological(&deps) {
+        let path: Vec<&str> = cycle.iter().map(|&i| built[i].0.name.as_str()).collect();
+        return Err(Status::invalid_argument(format!(
+            "UpRequest images[].from: built images build FROM each other in a cycle: {} — a base is built before \
+             the images built FROM it",
+            path.join(" → ")
+        )));
+    }
+
+    // Refs were parsed when the plan was made; one that did not parse could not be here.
+    let refs: Vec<Option<ImageRef>> = built.iter().map(|(image, _)| ImageRef::parse(&image.reference).ok()).collect();
+    for ((image, inputs), waits) in built.iter().zip(&deps) {
+        let named = dockerfile_from_refs(inputs);
+        for (other, (other_image, _)) in built.iter().enumerate() {
+            let names_it = refs[other].as_ref().is_some_and(|r| named.contains(r));
+            if waits.contains(&other) && !names_it {
+                return Err(Status::invalid_argument(format!(
+                    "{}: names {:?}, but the Dockerfile sent in dockerfile_outside has no FROM {} — an image built \
+                     FROM a base names the base's content ref, so that its address covers the base's",
+                    at(image),
+                    other_image.name,
+                    other_image.reference
+                )));
+            }
+            // Two built images of one ref (same repository and inputs) are one image to wait for.
+            let waited = waits.iter().any(|&w| refs[w].is_some() && refs[w] == refs[other]);
+            if names_it && !waited {
+                return Err(Status::invalid_argument(format!(
+                    "{}: its Dockerfile builds FROM {}, built image {:?} of this converge, which from does not name \
+                     — name it, so that it is built first",
+                    at(image),
+                    other_image.reference,
+                    other_image.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The images the Dockerfile sent in `dockerfile_outside` builds FROM, as refs (a FROM that is
+/// not a valid ref names no image of the converge).
+fn dockerfile_from_refs(inputs: &BuildInputs) -> Vec<ImageRef> {
+    let Ok(text) = std::str::from_utf8(&inputs.dockerfile_outside) else { return Vec::new() };
+    kiln_core::dockerfile::from_images(text).iter().filter_map(|f| ImageRef::parse(&f.image).ok()).collect()
 }
 
 #[cfg(test)]
@@ -182,5 +274,138 @@ mod tests {
     fn the_manifest_namespace_reaches_the_plan_and_an_empty_one_is_none() {
         assert_eq!(UpPlan::try_from(request("shop")).unwrap().namespace.as_deref(), Some("shop"));
         assert_eq!(UpPlan::try_from(request("")).unwrap().namespace, None);
+    }
+
+    /// A built image as the CLI sends it, with the ref it computes: `dockerfile`, when not empty,
+    /// is the Dockerfile sent in `dockerfile_outside` (rewritten to its bases' refs).
+    fn built(name: &str, tree: u8, dockerfile: &str, from: &[&str]) -> pb::ImageSpec {
+        use kiln_core::refs::{content_ref, image_address, AddressInputs};
+        let platforms = crate::address::platform_set(&["linux/amd64".to_string()]).unwrap();
+        let sent = !dockerfile.is_empty();
+        let address = image_address(&AddressInputs {
+            tree: TreeDigest([tree; 32]),
+            dockerfile_outside: sent.then_some(dockerfile.as_bytes()),
+            dockerfile_path: "Dockerfile",
+            build_args: &BTreeMap::new(),
+            target: None,
+            platforms: &platforms,
+        });
+        pb::ImageSpec {
+            name: name.into(),
+            kind: pb::image_spec::Kind::Built as i32,
+            reference: content_ref(&format!("shop-{name}"), &address, &platforms).unwrap().to_string(),
+            context_digest: TreeDigest([tree; 32]).to_string(),
+            dockerfile: if sent { String::new() } else { "Dockerfile".into() },
+            dockerfile_outside: dockerfile.as_bytes().to_vec(),
+            dockerfile_path: "Dockerfile".into(),
+            from: from.iter().map(|name| name.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn up(images: Vec<pb::ImageSpec>) -> Result<UpPlan, Status> {
+        UpPlan::try_from(pb::UpRequest { images, ..request("") })
+    }
+
+    fn refused(images: Vec<pb::ImageSpec>) -> String {
+        let err = up(images).expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        err.message().to_string()
+    }
+
+    fn from_of(plan: &UpPlan, name: &str) -> Vec<String> {
+        match &plan.images.iter().find(|i| i.name == name).unwrap().kind {
+            PlanKind::Built(inputs) => inputs.from.clone(),
+            _ => panic!("{name} is built"),
+        }
+    }
+
+    #[test]
+    fn an_image_built_from_its_base_carries_the_bases_name_once() {
+        let base = built("base", 1, "", &[]);
+        let child = format!("FROM {} AS run\nCOPY x /x\nFROM {}\n", base.reference, base.reference);
+        let api = built("api", 2, &child, &["base", "base"]);
+        let plan = up(vec![api, base]).unwrap();
+        assert_eq!(from_of(&plan, "api"), ["base"]);
+        assert!(from_of(&plan, "base").is_empty());
+    }
+
+    #[test]
+    fn a_name_that_is_no_built_image_of_the_request_is_refused_naming_it() {
+        let db = pb::ImageSpec {
+            name: "db".into(),
+            kind: pb::image_spec::Kind::Brought as i32,
+            reference: "postgres:16".into(),
+            ..Default::default()
+        };
+        let pinned = pb::ImageSpec {
+            name: "envoy".into(),
+            kind: pb::image_spec::Kind::Pinned as i32,
+            reference: format!("envoyproxy/envoy:v1@sha256:{}", "a".repeat(64)),
+            ..Default::default()
+        };
+        for (name, what) in
+            [("nope", "no image of this request"), ("db", "a brought image"), ("envoy", "a pinned image")]
+        {
+            let message = refused(vec![built("api", 2, "FROM x\n", &[name]), db.clone(), pinned.clone()]);
+            let expected = format!("UpRequest image \"api\": from: names {name:?}, {what}");
+            assert!(message.contains(&expected), "{expected:?} in {message}");
+        }
+    }
+
+    #[test]
+    fn an_image_from_itself_is_a_cycle() {
+        let message = refused(vec![built("api", 2, "FROM shop-api\n", &["api"])]);
+        assert!(message.contains("build FROM each other in a cycle: api → api"), "{message}");
+    }
+
+    /// A cycle of honest refs cannot be sent (each ref hashes the Dockerfile naming the other), so
+    /// the graph is checked before the Dockerfiles are, and tested here on the plan itself.
+    #[test]
+    fn a_cycle_is_refused_naming_it() {
+        let image = |name: &str, from: &[&str]| PlanImage {
+            name: name.to_string(),
+            reference: format!("shop-{name}:0123456789ab-amd64"),
+            kind: PlanKind::Built(BuildInputs {
+                context: TreeDigest([1; 32]),
+                dockerfile: "Dockerfile".into(),
+                dockerfile_outside: from
+                    .iter()
+                    .map(|base| format!("FROM shop-{base}:0123456789ab-amd64\n"))
+                    .collect::<String>()
+                    .into_bytes(),
+                args: BTreeMap::new(),
+                target_stage: String::new(),
+                shared: false,
+                dockerfile_digest: String::new(),
+                from: from.iter().map(|name| name.to_string()).collect(),
+            }),
+        };
+        let images = [image("lone", &["a"]), image("a", &["b"]), image("b", &["c"]), image("c", &["a"])];
+        let err = check_bases(&images).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("in a cycle: a → b → c → a"), "{}", err.message());
+        assert!(check_bases(&[image("a", &[]), image("b", &["a"]), image("c", &["a", "b"])]).is_ok());
+    }
+
+    #[test]
+    fn from_must_be_exactly_the_built_images_the_dockerfile_sent_builds_from() {
+        let base = built("base", 1, "", &[]);
+        // Named, but the Dockerfile builds FROM something else: the child's address would not
+        // cover the base's.
+        let message = refused(vec![base.clone(), built("api", 2, "FROM scratch\n", &["base"])]);
+        let expected = format!(
+            "from: names \"base\", but the Dockerfile sent in dockerfile_outside has no FROM {}",
+            base.reference
+        );
+        assert!(message.contains(&expected), "{expected:?} in {message}");
+        // Built FROM, but not named: the engine would not wait for it.
+        let child = format!("FROM {}\n", base.reference);
+        let message = refused(vec![base.clone(), built("api", 2, &child, &[])]);
+        let expected = format!(
+            "its Dockerfile builds FROM {}, built image \"base\" of this converge, which from does not name",
+            base.reference
+        );
+        assert!(message.contains(&expected), "{expected:?} in {message}");
     }
 }

@@ -7,6 +7,9 @@
 //!   `.dockerignore` exactly as Docker does. Everything else addresses images by this digest.
 //! - [`refs`] — image references, their normalization, and the content tag `<repo>:<digest12>-<platforms>`.
 //! - [`manifest`] — `kiln.toml`, the instance's images and target.
+//! - [`dockerfile`] — a Dockerfile's `FROM` images as Docker reads them, and the rewrite that makes a
+//!   built image build FROM its base's content ref.
+//! - [`order`] — the order built images build in (bases first), and the cycle that forbids one.
 //! - [`archive`] — the canonical context archive: packed byte-identically anywhere, unpacked without
 //!   ever writing outside its target, digest re-checked.
 //! - [`seal`] — strips where-and-when records from a staged tree before it is hashed.
@@ -16,9 +19,11 @@
 
 pub mod archive;
 pub mod digest;
+pub mod dockerfile;
 pub mod farm;
 pub mod ignore;
 pub mod manifest;
+pub mod order;
 pub mod refs;
 pub mod retry;
 pub mod seal;

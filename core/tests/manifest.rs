@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_core::manifest::{DockerfileLoc, ImageSpec, Manifest, ManifestError, RegistryPath, Target};
+use kiln_core::manifest::{BuiltDockerfile, DockerfileLoc, ImageSpec, Manifest, ManifestError, RegistryPath, Target};
 use kiln_core::refs::{ImageRef, PlatformSet};
 use tempfile::TempDir;
 
@@ -140,7 +140,8 @@ ref = "envoyproxy/envoy:v1.30.1@{DIGEST}"
 
     // The address inputs carry what the manifest resolved.
     let tree = kiln_core::digest::TreeDigest([1; 32]);
-    let inputs = worker.address_inputs(tree, &m.platforms, Some(b"FROM scratch\n"));
+    let dockerfile = BuiltDockerfile { sent: Some(b"FROM scratch\n".to_vec()), digest: String::new() };
+    let inputs = worker.address_inputs(tree, &m.platforms, &dockerfile);
     assert_eq!(inputs.dockerfile_path, "../../docker/worker.Dockerfile");
     assert_eq!(inputs.target, Some("runtime"));
     assert_eq!(inputs.build_args.len(), 2);

@@ -19,6 +19,7 @@ const FIELDS: &[&str] = &[
     "context_digest",
     "dockerfile",
     "kind",
+    "from",
 ];
 
 fuzz_target!(|data: &[u8]| {

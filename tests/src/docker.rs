@@ -140,3 +140,20 @@ pub fn images_named(repo: &str) -> Vec<String> {
     lines.sort();
     lines
 }
+
+/// The layers (diff ids) of the image `reference` names, bottom first.
+pub fn layers(reference: &str) -> Vec<String> {
+    let (ok, out) =
+        docker(&["image", "inspect", "--format", "{{range .RootFS.Layers}}{{println .}}{{end}}", reference]);
+    assert!(ok, "no image {reference}: {out}");
+    out.lines().filter(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
+/// What `args` print in a throwaway container of `reference` (removed after).
+pub fn run(reference: &str, args: &[&str]) -> String {
+    let mut all = vec!["run", "--rm", "--network", "none", reference];
+    all.extend_from_slice(args);
+    let (ok, out) = docker(&all);
+    assert!(ok, "docker run {reference} {args:?} failed: {out}");
+    out
+}

@@ -21,37 +21,32 @@ pub fn up_request(
     let manifest = Manifest::load(dir).unwrap();
     let mut contexts = BTreeMap::new();
     let mut images = Vec::new();
+    // As the CLI addresses them: bases before the images built FROM them, whose Dockerfiles then
+    // name the bases' content refs (`Manifest::address`).
+    let (addressed, _) = manifest.walk_and_address().unwrap();
+    let mut addressed = addressed.into_iter();
     for image in &manifest.images {
         let spec = match &image.spec {
-            ImageSpec::Built(b) => {
-                let (_, digest, address) = b.address(&manifest.platforms).unwrap();
-                let repo = manifest.target.qualify(&b.repository);
-                let reference = kiln_core::refs::content_ref(&repo, &address, &manifest.platforms).unwrap();
-                contexts.insert(digest.to_string(), (b.context.clone(), b.walk_options()));
-                let outside = match &b.dockerfile {
-                    kiln_core::manifest::DockerfileLoc::Outside { path, .. } => std::fs::read(path).unwrap(),
-                    kiln_core::manifest::DockerfileLoc::Inside { .. } => Vec::new(),
-                };
-                // As the CLI sends it: the Dockerfile's own hash, wherever it lives.
-                let dockerfile_digest = match &b.dockerfile {
-                    kiln_core::manifest::DockerfileLoc::Inside { rel } => {
-                        blake3::hash(&std::fs::read(b.context.join(rel)).unwrap()).to_hex().to_string()
-                    }
-                    kiln_core::manifest::DockerfileLoc::Outside { .. } => blake3::hash(&outside).to_hex().to_string(),
-                };
+            ImageSpec::Built(_) => {
+                let done = addressed.next().unwrap();
+                let b = done.image;
+                contexts.insert(done.tree.to_string(), (b.context.clone(), b.walk_options()));
+                let sent = done.dockerfile.sent.unwrap_or_default();
                 pb::ImageSpec {
-                    name: image.name.clone(),
+                    name: done.name.to_string(),
                     kind: pb::image_spec::Kind::Built as i32,
-                    reference: reference.to_string(),
-                    context_digest: digest.to_string(),
-                    dockerfile: if outside.is_empty() { b.dockerfile.rel().to_string() } else { String::new() },
-                    dockerfile_outside: outside,
+                    reference: done.reference.to_string(),
+                    context_digest: done.tree.to_string(),
+                    dockerfile: if sent.is_empty() { b.dockerfile.rel().to_string() } else { String::new() },
+                    dockerfile_outside: sent,
                     args: b.args.clone().into_iter().collect(),
                     target_stage: b.target.clone().unwrap_or_default(),
                     shared: b.shared,
-                    dockerfile_digest,
+                    // As the CLI sends it: the hash of the Dockerfile as built.
+                    dockerfile_digest: done.dockerfile.digest,
                     // As the CLI sends it: what the coordinator recomputes the address from.
                     dockerfile_path: b.dockerfile.rel().to_string(),
+                    from: b.base_names().into_iter().map(str::to_string).collect(),
                 }
             }
             ImageSpec::Brought(r) | ImageSpec::Pinned(r) => pb::ImageSpec {

@@ -279,3 +279,33 @@ async fn status(farm: &SimFarm, instance: &str) -> pb::StatusReply {
     reply.converges.clear();
     reply
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_base_builds_first_then_the_images_built_from_it_in_parallel_where_it_is() {
+    let farm = SimFarm::start(3, 2, Duration::from_secs(1), |c| c.affinity_wait = Duration::ZERO).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("graph");
+    // The children come first in the manifest: the order is the FROM graph's, not the file's.
+    let toml = "instance = \"graph\"\n[target]\nkind = \"local\"\n\
+                [built.api]\ncontext = \"api\"\n[built.web]\ncontext = \"web\"\n\
+                [built.base]\ncontext = \"base\"\nshared = true\n";
+    kiln_e2e::fixture::write(&dir, "kiln.toml", toml);
+    for (name, from) in [("api", "base"), ("web", "base"), ("base", "scratch")] {
+        kiln_e2e::fixture::write(&dir, &format!("{name}/Dockerfile"), &format!("FROM {from}\nCOPY f /{name}\n"));
+        kiln_e2e::fixture::write(&dir, &format!("{name}/f"), name);
+    }
+
+    let events = wire::up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let builds = farm.builds();
+    assert_eq!(builds.len(), 3, "{builds:#?}");
+    let (base_agent, base) = builds.iter().find(|(_, b)| b.tag.contains("graph-base")).unwrap();
+    let children: Vec<_> = builds.iter().filter(|(_, b)| !b.tag.contains("graph-base")).collect();
+    for (agent, child) in &children {
+        assert!(child.started >= base.finished.unwrap(), "{} started before its base was built", child.tag);
+        assert_eq!(agent, base_agent, "{} built where its base is", child.tag);
+    }
+    let (a, b) = (&children[0].1, &children[1].1);
+    assert!(a.started < b.finished.unwrap() && b.started < a.finished.unwrap(), "the two children overlapped");
+    farm.stop().await;
+}

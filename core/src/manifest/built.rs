@@ -81,7 +81,9 @@ pub(super) fn resolve_built(
     };
     check_repository(target, &repository, name).map_err(|problem| ctx.at(repo_span, problem))?;
 
-    Ok(BuiltImage { context, dockerfile, args, target: stage, shared: raw.shared.unwrap_or(false), repository })
+    // Its bases are read once every image is known (`from::resolve_bases`).
+    let shared = raw.shared.unwrap_or(false);
+    Ok(BuiltImage { context, dockerfile, args, target: stage, shared, repository, from: Vec::new() })
 }
 
 /// A repository must be a bare path (the target adds the registry) and stay a valid name once

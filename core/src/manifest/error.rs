@@ -166,6 +166,32 @@ pub enum Problem {
     },
     #[error("pinned image {image:?} needs a digest: write ref = \"{given}@sha256:…\"")]
     PinnedWithoutDigest { image: String, given: String },
+    #[error("built image {image:?}: cannot read its Dockerfile {} to find the images it builds FROM", path.display())]
+    DockerfileUnreadable {
+        image: String,
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    /// Built images whose Dockerfiles build FROM each other in a loop: `cycle` is `a, b, a` (an
+    /// image FROM itself is `a, a`), `steps` says where each Dockerfile names the next.
+    #[error("{}", from_cycle(cycle, steps))]
+    FromCycle { cycle: Vec<String>, steps: Vec<String> },
+}
+
+fn from_cycle(cycle: &[String], steps: &[String]) -> String {
+    let (path, at) = (cycle.join(" → "), steps.join("; "));
+    match cycle {
+        [only, _] => format!(
+            "built image {only:?} builds FROM itself: {path} ({at}) — a FROM naming a built image of this manifest, by \
+             name or repository, builds on that image; to build on an image from elsewhere, write it with a tag or \
+             registry (FROM docker.io/library/{only}:latest)"
+        ),
+        _ => format!(
+            "built images build FROM each other in a cycle: {path} ({at}) — a base is built before the images built \
+             FROM it, so one of them must build FROM something else"
+        ),
+    }
 }
 
 /// A path of the manifest that resolves outside the instance's root, and the `root` that would hold it.

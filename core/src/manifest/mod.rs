@@ -49,9 +49,33 @@
 //! Image names are unique across `built`, `brought` and `pinned`; an instance needs at least one
 //! image and a `[target]` (a missing target would otherwise leave built images nowhere the
 //! workloads can pull them, which DESIGN.md requires to fail loudly, naming `registry`).
+//!
+//! # Bases: a built image FROM another
+//!
+//! A built image's Dockerfile may build `FROM` another built image of the same manifest (a
+//! `shared` base, typically) by writing the base's manifest name, its repository, or its repository
+//! on the target — never a tag, since the base's tags are content addresses:
+//!
+//! ```toml
+//! [built.base]                      # base/Dockerfile: FROM scratch …
+//! context = "base"
+//! shared = true
+//!
+//! [built.api]                       # api/Dockerfile: FROM base   (or FROM shop-base)
+//! context = "api"
+//! ```
+//!
+//! The base is built first, and `api`'s Dockerfile is built with `FROM shop-base:<content tag>`,
+//! so `api`'s tag changes whenever `base`'s does. A `FROM` naming a stage declared above it, one
+//! with a variable (`FROM ${BASE}`), `scratch`, and any image written with a tag or from another
+//! registry are left alone. Images that build FROM each other in a cycle, or an image FROM itself,
+//! are a manifest error naming the cycle (`a → b → a`). The rules, and why the address stays
+//! honest, are in the `from` module (private; see [`BuiltImage::dockerfile_as_built`]).
 
+mod address;
 mod built;
 mod error;
+mod from;
 mod raw;
 mod resolve;
 mod root;
@@ -60,11 +84,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub use address::{Addressed, ImageAddressError};
 pub use error::{Escape, ManifestError, Problem};
+pub use from::{Base, BuiltDockerfile};
 pub use root::RootOrigin;
 
 use crate::digest::{digest_dir, DigestError, Tree, TreeDigest, WalkOptions};
-use crate::refs::{image_address, AddressInputs, ImageAddress, ImageRef, PlatformSet};
+use crate::refs::{AddressInputs, ContentTagError, ImageRef, PlatformSet};
 
 /// The manifest's file name inside an instance folder.
 pub const FILE_NAME: &str = "kiln.toml";
@@ -212,35 +238,32 @@ pub struct BuiltImage {
     pub shared: bool,
     /// The repository name before the target qualifies it (`shop-api`).
     pub repository: String,
+    /// The built images of this manifest its Dockerfile builds `FROM`, as it names them (module
+    /// docs, "Bases"); empty for most images.
+    pub from: Vec<Base>,
 }
 
 impl BuiltImage {
-    /// The address inputs of this image, given its context's tree digest and, for a Dockerfile
-    /// outside the context, that file's contents (which the caller reads from
-    /// [`DockerfileLoc::Outside`]'s `path`; pass `None` for one inside).
+    /// The address inputs of this image, given its context's tree digest and its Dockerfile as
+    /// built ([`BuiltImage::dockerfile_as_built`]), whose sent bytes — an outside Dockerfile's, or
+    /// one rewritten to name its bases by content ref — are an input; a Dockerfile inside the
+    /// context built as it is is already covered by the tree digest.
     pub fn address_inputs<'a>(
         &'a self,
         tree: TreeDigest,
         platforms: &'a PlatformSet,
-        outside_contents: Option<&'a [u8]>,
+        dockerfile: &'a BuiltDockerfile,
     ) -> AddressInputs<'a> {
-        debug_assert_eq!(
-            matches!(self.dockerfile, DockerfileLoc::Outside { .. }),
-            outside_contents.is_some(),
-            "an outside Dockerfile's contents are an address input, an inside one's are not"
-        );
         AddressInputs {
             tree,
-            dockerfile_outside: outside_contents,
+            dockerfile_outside: dockerfile.sent.as_deref(),
             dockerfile_path: self.dockerfile.rel(),
             build_args: &self.args,
             target: self.target.as_deref(),
             platforms,
         }
     }
-}
 
-impl BuiltImage {
     /// The walk options of this image's context: a Dockerfile inside it is always part of it.
     pub fn walk_options(&self) -> WalkOptions {
         match &self.dockerfile {
@@ -249,18 +272,9 @@ impl BuiltImage {
         }
     }
 
-    /// Walks the context and computes the image address — the one way to address a built image,
-    /// so no caller can forget that an outside Dockerfile's contents are an input.
-    pub fn address(&self, platforms: &PlatformSet) -> Result<(Tree, TreeDigest, ImageAddress), AddressError> {
-        let (tree, digest) = digest_dir(&self.context, &self.walk_options())?;
-        let outside = match &self.dockerfile {
-            DockerfileLoc::Outside { path, .. } => {
-                Some(std::fs::read(path).map_err(|err| AddressError::Dockerfile { path: path.clone(), err })?)
-            }
-            DockerfileLoc::Inside { .. } => None,
-        };
-        let address = image_address(&self.address_inputs(digest, platforms, outside.as_deref()));
-        Ok((tree, digest, address))
+    /// Walks the context: its entries and tree digest, the first input of the address.
+    pub fn walk(&self) -> Result<(Tree, TreeDigest), AddressError> {
+        Ok(digest_dir(&self.context, &self.walk_options())?)
     }
 }
 
@@ -275,6 +289,14 @@ pub enum AddressError {
         #[source]
         err: std::io::Error,
     },
+    #[error("Dockerfile {path} changed while it was read (a FROM naming a built image came or went) — re-run once it is quiet")]
+    DockerfileChanged { path: PathBuf },
+    #[error("it builds FROM built image {base:?}, which is not addressed yet — address the manifest's images in build order")]
+    BaseUnaddressed { base: String },
+    #[error("its context was not walked")]
+    NotWalked,
+    #[error(transparent)]
+    ContentTag(#[from] ContentTagError),
 }
 
 /// Where a built image's Dockerfile lies relative to its context. Symlinks are resolved first, so

@@ -8,6 +8,7 @@ use toml::Spanned;
 
 use super::built::resolve_built;
 use super::error::{ManifestError, Problem};
+use super::from::resolve_bases;
 use super::raw::{self, RawBuilt, RawRef, RawTarget};
 use super::root::resolve_root;
 use super::{Image, ImageSpec, Manifest, RegistryPath, Target};
@@ -72,6 +73,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
 
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut images = Vec::with_capacity(entries.len());
+    let mut spans = Vec::with_capacity(entries.len());
     for (kind, name_spanned, span, body) in entries {
         let name = name_spanned.get_ref().clone();
         let section = raw::section(kind, &name);
@@ -83,12 +85,16 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
             return Err(ctx.at(name_spanned.span(), problem));
         }
         let spec = match body {
-            Body::Built(built) => ImageSpec::Built(resolve_built(&ctx, &root, &instance, &target, &name, span, built)?),
-            Body::Ref(r) if kind == "brought" => ImageSpec::Brought(resolve_ref(&ctx, kind, &name, span, r)?),
-            Body::Ref(r) => ImageSpec::Pinned(resolve_ref(&ctx, kind, &name, span, r)?),
+            Body::Built(built) => {
+                ImageSpec::Built(resolve_built(&ctx, &root, &instance, &target, &name, span.clone(), built)?)
+            }
+            Body::Ref(r) if kind == "brought" => ImageSpec::Brought(resolve_ref(&ctx, kind, &name, span.clone(), r)?),
+            Body::Ref(r) => ImageSpec::Pinned(resolve_ref(&ctx, kind, &name, span.clone(), r)?),
         };
         images.push(Image { name, spec });
+        spans.push(span);
     }
+    resolve_bases(&ctx, &mut images, &spans, &target)?;
 
     Ok(Manifest {
         path: manifest_path.to_path_buf(),

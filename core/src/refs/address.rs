@@ -14,8 +14,11 @@
 //! 1. `str("kiln-address-v1")` — the version; any change to this list must change it.
 //! 2. the 32 raw bytes of the tree digest.
 //! 3. `str(dockerfile_path)` — as given relative to the context (`Dockerfile`, `docker/api.Dockerfile`).
-//! 4. `opt(dockerfile contents)` — present only for a Dockerfile outside the context (one inside is
-//!    already covered by the tree digest).
+//! 4. `opt(dockerfile contents)` — present only for a Dockerfile that travels beside the context
+//!    archive: one outside the context, or one whose `FROM` names a built image of the same manifest
+//!    and was rewritten to that base's content ref (`manifest::BuiltDockerfile`), so a child's address
+//!    covers its base's. A Dockerfile inside the context built as it is is already covered by the tree
+//!    digest. (The encoding did not change for bases: an image with none addresses as it always did.)
 //! 5. the number of build args as a u64 LE, then for each arg in byte order of its key
 //!    `str(key) str(value)`.
 //! 6. `opt(target stage)`.
@@ -60,7 +63,9 @@ impl fmt::Debug for ImageAddress {
 #[derive(Clone, Copy, Debug)]
 pub struct AddressInputs<'a> {
     pub tree: TreeDigest,
-    /// The contents of a Dockerfile that lies outside the context; `None` when it is inside.
+    /// The contents of the Dockerfile built when it travels beside the archive (outside the
+    /// context, or rewritten to name its bases' content refs); `None` when the build reads the
+    /// context's own file as it is.
     pub dockerfile_outside: Option<&'a [u8]>,
     /// The Dockerfile path as given relative to the context: a different `-f` builds differently.
     pub dockerfile_path: &'a str,

@@ -251,7 +251,9 @@ pub struct ImageSpec {
     pub context_digest: ::prost::alloc::string::String,
     #[prost(string, tag = "5")]
     pub dockerfile: ::prost::alloc::string::String,
-    /// Contents of a Dockerfile that lives outside the context (part of the image address).
+    /// The Dockerfile the agent builds, when it is not the context's own file as it is: one that lives
+    /// outside the context, or one whose FROMs naming images of `from` the CLI rewrote to those images'
+    /// content refs. Part of the image address; the agent appends it to the context to build.
     #[prost(bytes = "vec", tag = "6")]
     pub dockerfile_outside: ::prost::alloc::vec::Vec<u8>,
     #[prost(map = "string, string", tag = "7")]
@@ -271,10 +273,18 @@ pub struct ImageSpec {
     /// one inside it, `../worker.Dockerfile` for one outside (whose contents travel in
     /// `dockerfile_outside`). Empty from an older CLI: the coordinator then takes `dockerfile`, and
     /// refuses an outside Dockerfile, whose address it could not recompute.
-    ///
-    /// NextId: 12
     #[prost(string, tag = "11")]
     pub dockerfile_path: ::prost::alloc::string::String,
+    /// Built only: the manifest names of the built images of this request that this image builds FROM
+    /// (its Dockerfile names them; the CLI sent it with their content refs in their place, in
+    /// `dockerfile_outside`). A base is built before the images built FROM it. The coordinator refuses
+    /// a name that is no built image of the request, a cycle, and a base whose ref the Dockerfile sent
+    /// does not FROM. Empty from an older CLI, which never rewrites a FROM. An older coordinator ignores
+    /// it and builds in request order, in which the CLI lists every base before its children.
+    ///
+    /// NextId: 13
+    #[prost(string, repeated, tag = "12")]
+    pub from: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// Nested message and enum types in `ImageSpec`.
 pub mod image_spec {

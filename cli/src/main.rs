@@ -15,6 +15,7 @@ Exit codes:
   1  the converge failed (the message names the image and why), or the command failed
   2  usage or manifest error (kiln.toml:<line>: …); nothing was asked of the coordinator
   3  the coordinator cannot be reached, or the embedded one did not come up
+  130  interrupted (Ctrl-C): the converge was cancelled, its builds stopped, nothing recorded
 
 Without --coordinator (or KILN_COORDINATOR), every command but the plumbing starts an embedded
 coordinator and host agent in this process, with their state in $KILN_HOME

@@ -161,6 +161,14 @@ struct ServeArgs {
     /// passes the limit, and nothing of it is kept.
     #[arg(long, value_name = "BYTES", default_value_t = kiln_coordinator::DEFAULT_MAX_UPLOAD_BYTES, env = "KILN_MAX_UPLOAD_BYTES")]
     max_upload_bytes: u64,
+    /// A task whose agent shows no sign of it this long (no progress, and its heartbeats do not
+    /// name it) is given up, and a build queued again elsewhere: `30s`, `2m`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, env = "KILN_TASK_DEADLINE")]
+    task_deadline: Duration,
+    /// How long a build waits for a warm agent (one holding its image or having built its
+    /// context) before it takes any free one: `2s`; `0` never waits.
+    #[arg(long, default_value = "2s", value_parser = parse_duration, env = "KILN_AFFINITY_WAIT")]
+    affinity_wait: Duration,
 }
 
 /// `90s`, `30m`, `12h`, `30d`, or bare seconds.
@@ -402,6 +410,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     println!("listening on {local}");
     config.max_upload_bytes = args.max_upload_bytes;
+    config.task_deadline = args.task_deadline;
+    config.affinity_wait = args.affinity_wait;
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await

@@ -47,8 +47,9 @@ fn ctrl_c_during_a_docker_build_stops_it_records_nothing_and_exits_130() {
         assert!(Instant::now() < deadline, "the build's RUN step never started");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // SAFETY: kill(2) on the pid of a child this test spawned and has not reaped.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    // What a terminal's Ctrl-C sends.
+    let sent = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+    assert!(sent.success());
     let out = child.wait_with_output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(130), "stdout: {stdout}\nstderr: {stderr}");

@@ -233,7 +233,10 @@ impl Farm {
 
     async fn start_agent(&mut self) {
         let config = kiln_agent::AgentConfig {
-            slots: 0,
+            // One build at a time: these tests assert the order of a converge's events on the
+            // real daemon, and parallel builds finish in whatever order Docker takes. The
+            // scheduler's parallelism is tested with simulated hosts (`sim`, `tests/schedule.rs`).
+            slots: 1,
             coordinator: self.url.clone(),
             agent_id: "e2e-agent".to_string(),
             scratch_dir: self.home.join("scratch"),

@@ -71,8 +71,10 @@ fn expected(path: &str, caller: Caller) -> Verdict {
         | "/kiln.v1.Kiln/Agents"
         | "/kiln.v1.Kiln/Pins"
         | "/kiln.v1.Kiln/Audit"
-        | "/kiln.v1.Kiln/WhoAmI" => user,
-        "/kiln.v1.Kiln/Up" | "/kiln.v1.Kiln/Down" => member,
+        | "/kiln.v1.Kiln/WhoAmI"
+        | "/kiln.v1.Kiln/Ps" => user,
+        // Cancel: a member, of converges of instances it owns (the handler checks the owner).
+        "/kiln.v1.Kiln/Up" | "/kiln.v1.Kiln/Down" | "/kiln.v1.Kiln/Cancel" => member,
         "/kiln.v1.Kiln/Gc" | "/kiln.v1.Kiln/Pin" | "/kiln.v1.Kiln/Unpin" => caller == Admin,
         "/kiln.v1.ContentStore/FindMissing" | "/kiln.v1.ContentStore/Upload" => member,
         "/kiln.v1.ContentStore/Download" => member || caller == HostAgent,

@@ -17,7 +17,7 @@ use crate::events::Events;
 use crate::hub::{AgentConn, TaskFailure};
 use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
 use crate::plan::{Target, UpPlan};
-use crate::schedule::{Needs, TaskInfo};
+use crate::schedule::{Grant, Needs, TaskInfo};
 
 /// A build lost on its agent is queued again elsewhere at most this often.
 const REQUEUES: usize = 2;
@@ -123,9 +123,14 @@ impl Engine {
     }
 
     /// Delivers one image `host` holds (built or held there), and returns its record entry.
+    /// `slot`: the build slot held on `host` since its build, if any — a rebuild of a ref gone at
+    /// its use runs in it (one is taken when none is held), so the image's build, its delivery and
+    /// any rebuild are one task on one agent.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn deliver_from(
         &self,
         host: &Arc<AgentConn>,
+        slot: &mut Option<Grant>,
         id: &ConvergeId,
         plan: &UpPlan,
         d: &Decision<'_>,
@@ -174,22 +179,23 @@ impl Engine {
             self.ensure(std::slice::from_ref(&digest), std::slice::from_ref(d), events).await?;
             let reason = Reason::Gone { store: crate::sweep::host_store_of(host), generation };
             // On the same agent: the delivery reads the image from there.
-            self.build_placed(id, plan, d, &reason, Some(host.id.clone()), events).await?;
+            if slot.is_none() {
+                *slot = Some(self.acquire(id, plan, d, Some(host.id.clone()), Vec::new(), events).await?);
+            }
+            self.build(host, id, plan, d, &reason, events).await.map_err(Failure::from)?;
         }
     }
 
-    /// Builds `d` on whichever agent the queue gives it (`required`: that agent only), queued
-    /// again elsewhere when its agent is lost or stalls, at most [`REQUEUES`] times. Returns the
-    /// agent that built it.
-    pub(super) async fn build_placed(
+    /// A slot for `d`'s build: on `required` only when given, never on an agent in `lost`.
+    async fn acquire(
         &self,
         id: &ConvergeId,
         plan: &UpPlan,
         d: &Decision<'_>,
-        reason: &Reason,
         required: Option<String>,
+        lost: Vec<String>,
         events: &Events,
-    ) -> Result<Arc<AgentConn>, Failure> {
+    ) -> Result<Grant, Failure> {
         let name = d.image.name.as_str();
         let task = TaskInfo {
             converge: id.to_string(),
@@ -199,24 +205,37 @@ impl Engine {
             context: d.inputs.context.to_string(),
         };
         let platform = plan.platforms.first().cloned().unwrap_or_default();
+        let needs = Needs { platform, required, exclude: lost.clone() };
+        let on_queued = |position: u32, wait: Duration| {
+            let words = format!("queued ({}, ~{} s)", ordinal(position), wait.as_secs().max(1));
+            let kind = EventKind::Queued { position, wait_ms: wait.as_millis() as u64 };
+            events.emit(kind, Some(name), words);
+        };
+        match self.hub.schedule.acquire(task, needs, on_queued).await {
+            Ok(grant) => Ok(grant),
+            Err(why) if lost.is_empty() => Err(Failure::of(name, why.to_string())),
+            Err(why) => Err(Failure::of(name, format!("{why}; the build was lost on agent(s) {}", lost.join(", ")))),
+        }
+    }
+
+    /// Builds `d` on whichever agent the queue gives it (`required`: that agent only), queued
+    /// again elsewhere when its agent is lost or stalls, at most [`REQUEUES`] times. Returns the
+    /// slot it built in, still held: the delivery runs in it.
+    pub(super) async fn build_placed(
+        &self,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        reason: &Reason,
+        required: Option<String>,
+        events: &Events,
+    ) -> Result<Grant, Failure> {
+        let name = d.image.name.as_str();
         let mut lost: Vec<String> = Vec::new();
         loop {
-            let needs = Needs { platform: platform.clone(), required: required.clone(), exclude: lost.clone() };
-            let on_queued = |position: u32, wait: Duration| {
-                let words = format!("queued ({}, ~{} s)", ordinal(position), wait.as_secs().max(1));
-                let kind = EventKind::Queued { position, wait_ms: wait.as_millis() as u64 };
-                events.emit(kind, Some(name), words);
-            };
-            let grant = match self.hub.schedule.acquire(task.clone(), needs, on_queued).await {
-                Ok(grant) => grant,
-                Err(why) if lost.is_empty() => return Err(Failure::of(name, why.to_string())),
-                Err(why) => {
-                    let why = format!("{why}; the build was lost on agent(s) {}", lost.join(", "));
-                    return Err(Failure::of(name, why));
-                }
-            };
+            let grant = self.acquire(id, plan, d, required.clone(), lost.clone(), events).await?;
             match self.build(&grant.agent, id, plan, d, reason, events).await {
-                Ok(()) => return Ok(grant.agent.clone()),
+                Ok(()) => return Ok(grant),
                 Err(BuildError::Failed(failure)) => return Err(failure),
                 Err(BuildError::AgentLost(err)) => {
                     lost.push(grant.agent.id.clone());

@@ -125,13 +125,15 @@ impl Engine {
                 Ok((entry.clone(), holder))
             }
             (Action::Build, _) => {
-                let agent = self.build_placed(id, plan, d, &d.reason, required, events).await?;
-                let entry = self.deliver_from(&agent, id, plan, d, generation, events).await?;
+                let grant = self.build_placed(id, plan, d, &d.reason, required, events).await?;
+                let agent = grant.agent.clone();
+                let mut slot = Some(grant);
+                let entry = self.deliver_from(&agent, &mut slot, id, plan, d, generation, events).await?;
                 Ok((entry, Some(agent.id.clone())))
             }
             _ => {
                 self.announce_held(plan, d, events);
-                let entry = self.deliver_from(home, id, plan, d, generation, events).await?;
+                let entry = self.deliver_from(home, &mut None, id, plan, d, generation, events).await?;
                 Ok((entry, Some(home.id.clone())))
             }
         }

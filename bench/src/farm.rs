@@ -137,7 +137,12 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     let builds: Vec<_> = farm.builds().into_iter().skip(before_builds).collect();
     let expected = args.converges * args.images;
     if builds.len() != expected {
-        bail!("{} builds ran under load, {expected} expected", builds.len());
+        let mut seen = std::collections::HashMap::<&str, Vec<&str>>::new();
+        for (agent, b) in &builds {
+            seen.entry(b.tag.as_str()).or_default().push(agent.as_str());
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, a)| a.len() > 1).take(5).collect();
+        bail!("{} builds ran under load, {expected} expected; built more than once: {twice:?}", builds.len());
     }
     let first_start = builds.iter().map(|(_, b)| b.started).min().unwrap();
     let last_end = builds.iter().filter_map(|(_, b)| b.finished).max().unwrap();
@@ -219,6 +224,11 @@ async fn run_all(url: &str, dirs: &[std::path::PathBuf], force: bool) -> Result<
     }
     while let Some(joined) = running.join_next().await {
         let (dir, events) = joined.context("a converge panicked")?;
+        for e in events.iter().filter(|e| {
+            matches!(e.kind(), kiln_proto::v1::converge_event::Kind::Requeued | kiln_proto::v1::converge_event::Kind::Note)
+        }) {
+            eprintln!("  {}: {} {}", dir.display(), e.image, e.message);
+        }
         if !wire::succeeded(&events) {
             bail!("the converge of {} failed: {:?}", dir.display(), events.last());
         }

@@ -122,28 +122,28 @@ fn spawn_job<F, Fut>(
         let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
         events.emit(EventKind::Started, None, started);
         let result = job(engine.clone(), id.clone(), events.clone()).await;
-        let state = match result {
+        let (state, finished) = match result {
             Ok((message, generation)) => {
-                events.emit(EventKind::Finished { succeeded: true, generation }, None, message);
-                ConvergeState::Succeeded
+                (ConvergeState::Succeeded, (EventKind::Finished { succeeded: true, generation }, message))
             }
             Err(failure) => {
                 events.emit(EventKind::Failed, failure.image.as_deref(), failure.reason.clone());
-                events.emit(EventKind::Finished { succeeded: false, generation: 0 }, None, failure.reason.clone());
-                ConvergeState::Failed { reason: failure.reason }
+                let finished = (EventKind::Finished { succeeded: false, generation: 0 }, failure.reason.clone());
+                (ConvergeState::Failed { reason: failure.reason }, finished)
             }
         };
-        drop(events);
-        let _ = writer.await;
         let outcome = match &state {
             ConvergeState::Failed { reason } => format!("failed: {reason}"),
             _ => "ok".to_string(),
         };
-        // Marked finished before the audit is written: a client that saw `Finished` may start
-        // the next converge of the instance at once.
+        // Marked finished before `Finished` is sent: a client that saw it may start the next
+        // converge of the instance at once, and must not be told one still runs.
         if let Err(err) = engine.store.finish_converge(&id, state).await {
             tracing::warn!(converge = %id, error = %err, "converge not marked finished");
         }
+        events.emit(finished.0, None, finished.1);
+        drop(events);
+        let _ = writer.await;
         audit(
             &engine,
             audited.actor,
@@ -514,6 +514,9 @@ impl pb::kiln_server::Kiln for KilnService {
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let mut after = None;
+            // A converge is marked finished just before its `Finished` event is written: one
+            // more look after that catches the event.
+            let mut idle_after_end = 0;
             loop {
                 let batch = match store.events(&id, after).await {
                     Ok(batch) => batch,
@@ -528,8 +531,12 @@ impl pb::kiln_server::Kiln for KilnService {
                         return;
                     }
                 }
+                let finished = batch.iter().any(|e| matches!(e.kind, EventKind::Finished { .. }));
                 let running = matches!(store.converge(&id).await, Ok(Some(c)) if c.state == ConvergeState::Running);
-                if !req.follow || (!running && batch.is_empty()) {
+                if !running && batch.is_empty() {
+                    idle_after_end += 1;
+                }
+                if !req.follow || finished || idle_after_end >= 2 {
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;

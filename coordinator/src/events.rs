@@ -20,6 +20,9 @@ enum Item {
     Live(pb::ConvergeEvent),
 }
 
+/// The most events persisted in one write.
+const BATCH: usize = 256;
+
 /// The engine's side of the log.
 #[derive(Debug, Clone)]
 pub struct Events {
@@ -44,26 +47,49 @@ impl Events {
         let writer_id = id.clone();
         let writer = tokio::spawn(async move {
             let mut seq = 0;
-            while let Some(item) = rx.recv().await {
-                let event = match (item, &store) {
-                    (Item::Event { kind, image, message }, Some(store)) => {
-                        match store.append_event(&writer_id, kind, image.as_deref(), &message).await {
-                            Ok(event) => to_pb(&writer_id, &event),
-                            Err(err) => {
-                                tracing::warn!(converge = %writer_id, error = %err, "event not persisted");
-                                continue;
-                            }
+            // Events queued while the last write ran go to the store in one write, in order; a
+            // live-only item ends the batch, so the client sees everything in the order emitted.
+            let mut next: Option<Item> = None;
+            loop {
+                let Some(first) = next.take().or(rx.recv().await) else { break };
+                let mut batch: Vec<(EventKind, Option<String>, String)> = Vec::new();
+                let mut live_item = None;
+                match first {
+                    Item::Event { kind, image, message } => batch.push((kind, image, message)),
+                    Item::Live(event) => live_item = Some(event),
+                }
+                while live_item.is_none() && batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(Item::Event { kind, image, message }) => batch.push((kind, image, message)),
+                        Ok(live) => {
+                            next = Some(live);
+                            break;
                         }
+                        Err(_) => break,
                     }
-                    (Item::Event { kind, image, message }, None) => {
-                        seq += 1;
-                        let at_ms = crate::engine::now_ms();
-                        to_pb(&writer_id, &Event { seq, at_ms, image, kind, message })
-                    }
-                    (Item::Live(event), _) => event,
+                }
+                let events: Vec<pb::ConvergeEvent> = match (&store, batch.is_empty()) {
+                    (_, true) => Vec::new(),
+                    (Some(store), false) => match store.append_events(&writer_id, batch).await {
+                        Ok(events) => events.iter().map(|e| to_pb(&writer_id, e)).collect(),
+                        Err(err) => {
+                            tracing::warn!(converge = %writer_id, error = %err, "events not persisted");
+                            Vec::new()
+                        }
+                    },
+                    (None, false) => batch
+                        .into_iter()
+                        .map(|(kind, image, message)| {
+                            seq += 1;
+                            let at_ms = crate::engine::now_ms();
+                            to_pb(&writer_id, &Event { seq, at_ms, image, kind, message })
+                        })
+                        .collect(),
                 };
-                // A client that went away does not stop the converge.
-                let _ = live.send(Ok(event)).await;
+                // A client that went away does not stop the writer: the log is still persisted.
+                for event in events.into_iter().chain(live_item) {
+                    let _ = live.send(Ok(event)).await;
+                }
             }
         });
         (Events { id, tx }, writer)

@@ -98,6 +98,8 @@ struct State {
     queues: HashMap<String, VecDeque<Waiting>>,
     running: HashMap<u64, (TaskInfo, String, Instant)>,
     next_seq: u64,
+    /// Turns among equally loaded agents: the next grant starts looking here.
+    turn: usize,
     /// A moving average of how long a slot is held, for the wait a queued task is told.
     mean_ms: f64,
 }
@@ -377,7 +379,7 @@ impl State {
                     warm: h.conn.holds(&w.task.reference) || h.conn.built(&w.task.context),
                 })
                 .collect();
-            let choice = placement::choose(&candidates, &w.needs, waited, affinity_wait);
+            let choice = placement::choose(&candidates, &w.needs, waited, affinity_wait, self.turn);
             let any_eligible = candidates.iter().any(|c| {
                 let platform_ok =
                     w.needs.platform.is_empty() || c.platforms.is_empty() || c.platforms.contains(&w.needs.platform);
@@ -387,6 +389,7 @@ impl State {
                 Choice::On(at) => {
                     let id = ids[at].clone();
                     let w = queue.remove(i).expect("index in range");
+                    self.turn = at + 1;
                     let host = self.hosts.get_mut(&id).expect("candidate is a host");
                     host.busy += 1;
                     let grant = Grant { agent: host.conn.clone(), sched: Some(sched.clone()), seq: w.seq };

@@ -60,11 +60,20 @@ impl Candidate<'_> {
     }
 }
 
-/// Chooses for one task that has waited `waited` of `affinity_wait`.
-pub fn choose(candidates: &[Candidate<'_>], needs: &Needs, waited: Duration, affinity_wait: Duration) -> Choice {
+/// Chooses for one task that has waited `waited` of `affinity_wait`. Among equally loaded agents
+/// the first from `start` on wins: the caller turns `start` so equals take turns.
+pub fn choose(
+    candidates: &[Candidate<'_>],
+    needs: &Needs,
+    waited: Duration,
+    affinity_wait: Duration,
+    start: usize,
+) -> Choice {
+    let n = candidates.len().max(1);
     let least = |warm_only: bool| {
         let free = candidates.iter().enumerate().filter(|(_, c)| c.may_run(needs) && c.free());
-        free.filter(|(_, c)| c.warm || !warm_only).min_by_key(|(i, c)| (c.load(), *i)).map(|(i, _)| i)
+        let turn = |i: usize| (i + n - start % n) % n;
+        free.filter(|(_, c)| c.warm || !warm_only).min_by_key(|(i, c)| (c.load(), turn(*i))).map(|(i, _)| i)
     };
     if let Some(i) = least(true) {
         return Choice::On(i);
@@ -92,26 +101,33 @@ mod tests {
     #[test]
     fn a_free_warm_agent_wins_over_a_less_loaded_cold_one() {
         let agents = [agent("cold", 4, 0, false), agent("warm", 4, 3, true)];
-        assert_eq!(choose(&agents, &Needs::default(), Duration::ZERO, WAIT), Choice::On(1));
+        assert_eq!(choose(&agents, &Needs::default(), Duration::ZERO, WAIT, 0), Choice::On(1));
     }
 
     #[test]
     fn a_busy_warm_agent_is_waited_for_only_until_the_affinity_wait_ends() {
         let agents = [agent("cold", 1, 0, false), agent("warm", 1, 1, true)];
-        assert_eq!(choose(&agents, &Needs::default(), Duration::from_millis(500), WAIT), Choice::WaitWarm);
-        assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT), Choice::On(0));
+        assert_eq!(choose(&agents, &Needs::default(), Duration::from_millis(500), WAIT, 0), Choice::WaitWarm);
+        assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT, 0), Choice::On(0));
     }
 
     #[test]
     fn among_equals_the_least_loaded_share_wins() {
         let agents = [agent("a", 2, 1, false), agent("b", 8, 2, false), agent("c", 2, 2, false)];
-        assert_eq!(choose(&agents, &Needs::default(), Duration::ZERO, WAIT), Choice::On(1));
+        assert_eq!(choose(&agents, &Needs::default(), Duration::ZERO, WAIT, 0), Choice::On(1));
+    }
+
+    #[test]
+    fn equals_take_turns() {
+        let agents = [agent("a", 1, 0, false), agent("b", 1, 0, false), agent("c", 1, 0, false)];
+        let picks: Vec<Choice> = (0..3).map(|turn| choose(&agents, &Needs::default(), WAIT, WAIT, turn)).collect();
+        assert_eq!(picks, [Choice::On(0), Choice::On(1), Choice::On(2)]);
     }
 
     #[test]
     fn no_agent_ever_gets_more_than_its_slots() {
         let agents = [agent("a", 2, 2, true), agent("b", 1, 1, false)];
-        assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT), Choice::Wait);
+        assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT, 0), Choice::Wait);
     }
 
     #[test]
@@ -124,10 +140,10 @@ mod tests {
             Candidate { id: "lost", platforms: &amd, slots: 1, busy: 0, warm: false },
         ];
         let needs = Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()] };
-        assert_eq!(choose(&agents, &needs, Duration::ZERO, WAIT), Choice::On(2));
+        assert_eq!(choose(&agents, &needs, Duration::ZERO, WAIT, 0), Choice::On(2));
         let pinned = Needs { required: Some("amd".into()), ..Needs::default() };
-        assert_eq!(choose(&agents, &pinned, WAIT, WAIT), Choice::On(1));
+        assert_eq!(choose(&agents, &pinned, WAIT, WAIT, 0), Choice::On(1));
         let gone = Needs { required: Some("elsewhere".into()), ..Needs::default() };
-        assert_eq!(choose(&agents, &gone, WAIT, WAIT), Choice::Wait);
+        assert_eq!(choose(&agents, &gone, WAIT, WAIT, 0), Choice::Wait);
     }
 }

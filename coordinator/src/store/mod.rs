@@ -86,6 +86,19 @@ pub trait Store: Send + Sync + 'static {
         image: Option<&str>,
         message: &str,
     ) -> Result<Event, StoreError>;
+    /// Appends several events in order, at once: one write for a burst (a converge of many images
+    /// emits dozens of events within milliseconds). The default appends them one by one.
+    async fn append_events(
+        &self,
+        converge: &ConvergeId,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Vec<Event>, StoreError> {
+        let mut appended = Vec::with_capacity(events.len());
+        for (kind, image, message) in events {
+            appended.push(self.append_event(converge, kind, image.as_deref(), &message).await?);
+        }
+        Ok(appended)
+    }
     /// The converge's events in seq order, only those after `after_seq` when given.
     async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError>;
     /// Marks a running converge succeeded or failed. Claims are left alone: release them explicitly,

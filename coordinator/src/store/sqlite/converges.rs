@@ -62,6 +62,26 @@ pub(super) fn append_event(
     Ok(event)
 }
 
+/// [`append_event`] for several, in one transaction.
+pub(super) fn append_events(
+    conn: &mut Connection,
+    now_ms: u64,
+    id: &ConvergeId,
+    events: Vec<(EventKind, Option<String>, String)>,
+) -> Result<Vec<Event>, StoreError> {
+    let what = || format!("appending events to converge {id}");
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    if state_of(&tx, id)?.is_none() {
+        return Err(StoreError::UnknownConverge { id: id.clone() });
+    }
+    let mut appended = Vec::with_capacity(events.len());
+    for (kind, image, message) in events {
+        appended.push(insert_event(&tx, now_ms, id, kind, image, message)?);
+    }
+    tx.commit().ctx(what)?;
+    Ok(appended)
+}
+
 pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
     let what = || format!("reading the events of converge {id}");
     if state_of(conn, id)?.is_none() {

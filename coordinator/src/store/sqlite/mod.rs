@@ -224,6 +224,18 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn append_events(
+        &self,
+        converge: &ConvergeId,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Vec<Event>, StoreError> {
+        let id = converge.clone();
+        self.run(format!("appending {} events to converge {id}", events.len()), move |c, now| {
+            converges::append_events(c, now, &id, events)
+        })
+        .await
+    }
+
     async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
         let id = converge.clone();
         self.run(format!("reading the events of converge {id}"), move |c, _| converges::events(c, &id, after_seq)).await

@@ -225,7 +225,10 @@ async fn run_all(url: &str, dirs: &[std::path::PathBuf], force: bool) -> Result<
     while let Some(joined) = running.join_next().await {
         let (dir, events) = joined.context("a converge panicked")?;
         for e in events.iter().filter(|e| {
-            matches!(e.kind(), kiln_proto::v1::converge_event::Kind::Requeued | kiln_proto::v1::converge_event::Kind::Note)
+            matches!(
+                e.kind(),
+                kiln_proto::v1::converge_event::Kind::Requeued | kiln_proto::v1::converge_event::Kind::Note
+            )
         }) {
             eprintln!("  {}: {} {}", dir.display(), e.image, e.message);
         }

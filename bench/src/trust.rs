@@ -44,7 +44,8 @@ pub fn run(args: &Args) -> Result<()> {
     let mut tls = rt.block_on(TrustedFarm::start(&scratch.path().join("tls-state")));
     let agent_dir = scratch.path().join("agent");
     rt.block_on(tls.enroll("bench-host", kiln_coordinator::model::AgentRole::Host, "", &agent_dir));
-    let stop_tls_agent = start_agent(&rt, &tls.url, &agent_dir, Some(kiln_agent::enroll::Identity::in_dir(&agent_dir)));
+    let stop_tls_agent =
+        start_agent(&rt, &tls.url, "bench-host", &agent_dir, Some(kiln_agent::enroll::Identity::in_dir(&agent_dir)));
     let token = rt.block_on(tls.token("bench", Role::Member, None, None));
     let token_file = scratch.path().join("token");
     std::fs::write(&token_file, &token)?;
@@ -56,7 +57,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     // The plaintext farm, as `--dev` serves.
     let plain = rt.block_on(Coordinator::start(&scratch.path().join("plain-state"), "bench-plain", false))?;
-    let stop_plain_agent = start_agent(&rt, &plain.url, &scratch.path().join("plain-agent"), None);
+    let stop_plain_agent = start_agent(&rt, &plain.url, "bench-plain", &scratch.path().join("plain-agent"), None);
 
     let up = |connect: &Connect| -> Result<Duration> {
         let args = UpArgs {
@@ -143,13 +144,15 @@ pub fn run(args: &Args) -> Result<()> {
 fn start_agent(
     rt: &tokio::runtime::Runtime,
     url: &str,
+    id: &str,
     dir: &Path,
     identity: Option<kiln_agent::enroll::Identity>,
 ) -> tokio::sync::oneshot::Sender<()> {
     let config = kiln_agent::AgentConfig {
         slots: 0,
         coordinator: url.to_string(),
-        agent_id: format!("bench-{}", fastrand::u32(..)),
+        // An enrolled agent is the id its certificate names.
+        agent_id: id.to_string(),
         scratch_dir: dir.join("scratch"),
         cluster: String::new(),
         identity,

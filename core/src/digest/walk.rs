@@ -9,7 +9,7 @@
 //! that are absolute or climb out of the root, and sockets, fifos and devices — unless ignored,
 //! since an ignored entry is not part of the context at all.
 
-use super::{DigestError, Entry, EntryKind, TreeDigest};
+use super::{DigestError, Entry, EntryKind, FileStat, TreeDigest};
 use crate::ignore::{go_clean, DockerIgnore};
 use rayon::prelude::*;
 use std::ffi::OsStr;
@@ -19,8 +19,6 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-pub use super::feed::digest_tree;
 
 /// Options of a walk: which Dockerfile path (relative to the root) is always kept, as Docker keeps
 /// it even when `.dockerignore` names it.
@@ -62,10 +60,11 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     Ok(Tree { root: root.to_path_buf(), entries })
 }
 
-/// Walks and digests the context at `root` in one call.
+/// Walks and digests the context at `root` in one call, reading every file; the returned tree's
+/// file entries carry their content hashes.
 pub fn digest_dir(root: &Path, opts: &WalkOptions) -> Result<(Tree, TreeDigest), DigestError> {
-    let tree = walk_tree(root, opts)?;
-    let digest = digest_tree(&tree)?;
+    let mut tree = walk_tree(root, opts)?;
+    let digest = super::hash_tree(&mut tree, None)?.digest;
     Ok((tree, digest))
 }
 
@@ -132,6 +131,8 @@ impl Walker<'_> {
                             kind: EntryKind::Dir,
                             size: 0,
                             link_target: Vec::new(),
+                            stat: None,
+                            hash: None,
                         });
                     }
                     subdirs.push(path);
@@ -179,7 +180,8 @@ impl Walker<'_> {
         if ft.is_file() {
             let executable = meta.permissions().mode() & 0o111 != 0;
             let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
-            return Ok(Found::Entry(Entry { path, kind, size: meta.len(), link_target: Vec::new() }));
+            let stat = Some(FileStat::of(&meta));
+            return Ok(Found::Entry(Entry { path, kind, size: meta.len(), link_target: Vec::new(), stat, hash: None }));
         }
         if ft.is_symlink() {
             let target = fs::read_link(dirent.path()).map_err(|err| unreadable(self.root, &path, err))?;
@@ -193,7 +195,8 @@ impl Walker<'_> {
                 });
             }
             let size = target.len() as u64;
-            return Ok(Found::Entry(Entry { path, kind: EntryKind::Symlink, size, link_target: target }));
+            let link = Entry { path, kind: EntryKind::Symlink, size, link_target: target, stat: None, hash: None };
+            return Ok(Found::Entry(link));
         }
         if ft.is_dir() {
             // Replaced by a directory since the listing was read: walk it as one.

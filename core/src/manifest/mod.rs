@@ -63,7 +63,7 @@ use std::path::{Path, PathBuf};
 pub use error::{Escape, ManifestError, Problem};
 pub use root::RootOrigin;
 
-use crate::digest::{digest_dir, DigestError, Tree, TreeDigest, WalkOptions};
+use crate::digest::{cache_file_for, digest_dir, digest_dir_cached, DigestError, Tree, TreeDigest, WalkOptions};
 use crate::refs::{image_address, AddressInputs, ImageAddress, ImageRef, PlatformSet};
 
 /// The manifest's file name inside an instance folder.
@@ -252,7 +252,24 @@ impl BuiltImage {
     /// Walks the context and computes the image address — the one way to address a built image,
     /// so no caller can forget that an outside Dockerfile's contents are an input.
     pub fn address(&self, platforms: &PlatformSet) -> Result<(Tree, TreeDigest, ImageAddress), AddressError> {
-        let (tree, digest) = digest_dir(&self.context, &self.walk_options())?;
+        self.address_with(platforms, None)
+    }
+
+    /// [`BuiltImage::address`], taking unchanged files' hashes from the stat cache kept under
+    /// `stat_cache` (a directory; one file per context) when given.
+    pub fn address_with(
+        &self,
+        platforms: &PlatformSet,
+        stat_cache: Option<&Path>,
+    ) -> Result<(Tree, TreeDigest, ImageAddress), AddressError> {
+        let (tree, digest) = match stat_cache {
+            Some(dir) => {
+                let file = cache_file_for(dir, &self.context);
+                let (tree, hashed, _) = digest_dir_cached(&self.context, &self.walk_options(), &file)?;
+                (tree, hashed.digest)
+            }
+            None => digest_dir(&self.context, &self.walk_options())?,
+        };
         let outside = match &self.dockerfile {
             DockerfileLoc::Outside { path, .. } => {
                 Some(std::fs::read(path).map_err(|err| AddressError::Dockerfile { path: path.clone(), err })?)

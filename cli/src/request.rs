@@ -48,7 +48,15 @@ struct Addressed {
 /// Walks every built image's context in parallel and builds the request. Brought and pinned
 /// images pass through with their refs (in Docker's familiar form, which normalizes to the ref as
 /// written); nothing about them is checked or touched.
-pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<UpPlan, CliError> {
+///
+/// With `stat_cache` (a directory), files whose stat has not moved since the last walk are not
+/// read again (`kiln_core::digest::digest_dir_cached`).
+pub fn plan_up(
+    manifest: &Manifest,
+    force: bool,
+    requested_by: &str,
+    stat_cache: Option<&std::path::Path>,
+) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
     let built: Vec<(usize, &str, &kiln_core::manifest::BuiltImage)> = manifest
         .images
@@ -62,8 +70,9 @@ pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<U
     let mut addressed: BTreeMap<usize, Addressed> = built
         .par_iter()
         .map(|&(i, name, built)| {
-            let (tree, digest, address) =
-                built.address(platforms).map_err(|err| CliError::Address { image: name.to_string(), err })?;
+            let (tree, digest, address) = built
+                .address_with(platforms, stat_cache)
+                .map_err(|err| CliError::Address { image: name.to_string(), err })?;
             let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
             let repo = manifest.target.qualify(&built.repository);
             let reference = content_ref(&repo, &address, platforms)
@@ -185,7 +194,7 @@ mod tests {
     #[test]
     fn hello_asks_for_two_built_images_with_their_refs_and_passes_the_rest_through() {
         let manifest = example("hello");
-        let plan = plan_up(&manifest, false, "ana@box").unwrap();
+        let plan = plan_up(&manifest, false, "ana@box", None).unwrap();
         let r = &plan.request;
         assert_eq!(r.instance, "hello");
         assert_eq!(r.requested_by, "ana@box");
@@ -238,7 +247,7 @@ mod tests {
     #[test]
     fn a_registry_target_qualifies_the_refs_and_force_is_carried() {
         let manifest = example("registry");
-        let plan = plan_up(&manifest, true, "ana@box").unwrap();
+        let plan = plan_up(&manifest, true, "ana@box", None).unwrap();
         assert!(plan.request.force);
         let target = plan.request.target.as_ref().unwrap();
         assert_eq!((target.kind, target.registry.as_str()), (target::Kind::Registry as i32, "127.0.0.1:5000"));
@@ -254,7 +263,7 @@ mod tests {
         let text = "instance = \"pair\"\n[target]\nkind = \"local\"\n\
                     [built.a]\ncontext = \"app\"\n[built.b]\ncontext = \"app\"\nargs = { X = \"1\" }\n";
         std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
-        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap();
+        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h", None).unwrap();
         let [a, b] = &plan.request.images[..] else { panic!("two images") };
         assert_eq!(a.context_digest, b.context_digest);
         assert_ne!(a.reference, b.reference, "the build arg is part of the address");
@@ -270,7 +279,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", tmp.path().join("app/escape")).unwrap();
         let text = "instance = \"bad\"\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n";
         std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
-        let err = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap_err();
+        let err = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h", None).unwrap_err();
         assert_eq!(err.exit(), crate::Exit::Usage);
         assert!(crate::error::report(&err).contains("built image \"app\" cannot be addressed: context"), "{err}");
     }

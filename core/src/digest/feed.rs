@@ -34,12 +34,13 @@ pub struct Hashed {
 pub fn hash_tree(tree: &mut Tree, cache: Option<&StatCache>) -> Result<Hashed, DigestError> {
     let mut todo = Vec::new();
     let mut recalled = 0;
+    let mut cursor = cache.map(StatCache::cursor);
     for (i, e) in tree.entries.iter_mut().enumerate() {
         if !is_file(e) {
             continue;
         }
-        e.hash = match (cache, &e.stat) {
-            (Some(cache), Some(stat)) => cache.recall(&e.path, stat),
+        e.hash = match (&mut cursor, &e.stat) {
+            (Some(cursor), Some(stat)) => cursor.recall(&e.path, stat),
             _ => None,
         };
         match e.hash {

@@ -53,11 +53,19 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
     ignore.keep_always(&dockerfile);
 
-    let walker = Walker { root, ignore: &ignore, sink: Mutex::new(Vec::new()) };
+    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing(), sink: Mutex::new(Vec::new()) };
     super::io::blocking(|| walker.dir(Vec::new()))?;
-    let mut entries = walker.sink.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
-    entries.par_sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    Ok(Tree { root: root.to_path_buf(), entries })
+    let entries = walker.sink.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
+    Ok(Tree { root: root.to_path_buf(), entries: sorted(entries) })
+}
+
+/// Sorts entries by path. An `Entry` is some 150 bytes; sorting their indices and moving each
+/// entry once costs a fraction of letting the sort shuffle the entries themselves.
+fn sorted(entries: Vec<Entry>) -> Vec<Entry> {
+    let mut order: Vec<u32> = (0..entries.len() as u32).collect();
+    order.par_sort_unstable_by(|&a, &b| entries[a as usize].path.cmp(&entries[b as usize].path));
+    let mut slots: Vec<Option<Entry>> = entries.into_iter().map(Some).collect();
+    order.iter().filter_map(|&i| slots[i as usize].take()).collect()
 }
 
 /// Walks and digests the context at `root` in one call, reading every file; the returned tree's
@@ -88,6 +96,8 @@ fn lossy(path: &[u8]) -> String {
 struct Walker<'a> {
     root: &'a Path,
     ignore: &'a DockerIgnore,
+    /// False when the `.dockerignore` excludes nothing, so no path needs matching.
+    matches: bool,
     /// Each directory appends its entries once; the sort afterwards fixes the order.
     sink: Mutex<Vec<Entry>>,
 }
@@ -161,7 +171,7 @@ impl Walker<'_> {
         }
         path.extend_from_slice(name.as_bytes());
 
-        let excluded = self.ignore.is_excluded(&String::from_utf8_lossy(&path));
+        let excluded = self.matches && self.ignore.is_excluded(&String::from_utf8_lossy(&path));
         // `file_type` comes from the directory listing itself, so skipped names cost no `lstat`.
         let file_type = dirent.file_type().map_err(|err| unreadable(self.root, &path, err))?;
         if file_type.is_dir() {

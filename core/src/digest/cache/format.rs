@@ -97,7 +97,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-pub(super) fn decode(bytes: &[u8], key: &CacheKey) -> Result<StatCache, Rejected> {
+/// Takes the file's bytes whole: the cache's paths stay where they are in it, uncopied.
+pub(super) fn decode(bytes: Vec<u8>, key: &CacheKey) -> Result<StatCache, Rejected> {
     if bytes.len() < HEAD + 32 {
         return Err(Rejected::Corrupt("shorter than its header"));
     }
@@ -153,7 +154,7 @@ pub(super) fn load(file: &Path, key: &CacheKey) -> Result<StatCache, Rejected> {
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Err(Rejected::Missing),
         Err(err) => return Err(Rejected::Unreadable(err)),
     };
-    decode(&bytes, key)
+    decode(bytes, key)
 }
 
 /// Writes beside the target and renames over it, so a reader sees the old file or the new one,
@@ -198,7 +199,11 @@ mod tests {
 
     #[test]
     fn a_cache_reads_back_as_written() {
-        assert_eq!(decode(&encode(&sample(), &key()), &key()).unwrap(), sample());
+        let (want, back) = (sample(), decode(encode(&sample(), &key()), &key()).unwrap());
+        assert_eq!((back.len(), back.stamp_ns()), (want.len(), want.stamp_ns()));
+        for e in &want.entries {
+            assert_eq!(back.recall(want.path(e), &e.stat), Some(e.hash));
+        }
     }
 
     #[test]
@@ -210,7 +215,7 @@ mod tests {
             CacheKey { context: b"/other".to_vec(), ..key() },
             CacheKey { walk: [4; 32], ..key() },
         ] {
-            assert!(matches!(decode(&bytes, &other), Err(Rejected::Foreign)), "{other:?}");
+            assert!(matches!(decode(bytes.clone(), &other), Err(Rejected::Foreign)), "{other:?}");
         }
     }
 
@@ -218,12 +223,12 @@ mod tests {
     fn every_truncation_and_every_flipped_byte_is_refused() {
         let bytes = encode(&sample(), &key());
         for len in 0..bytes.len() {
-            assert!(decode(&bytes[..len], &key()).is_err(), "truncated to {len}");
+            assert!(decode(bytes[..len].to_vec(), &key()).is_err(), "truncated to {len}");
         }
         for at in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[at] ^= 0x10;
-            assert!(decode(&bad, &key()).is_err(), "byte {at} flipped");
+            assert!(decode(bad, &key()).is_err(), "byte {at} flipped");
         }
     }
 }

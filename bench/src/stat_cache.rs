@@ -145,6 +145,14 @@ pub fn run(args: &Args) -> Result<()> {
     if args.up {
         ratio("kiln up no-op / git status", median(next) / median(1), 1.0);
         ratio("kiln up no-op / find", median(next) / median(2), 1.5);
+        drop(contestants);
+        // `kiln down` removes the record and sweeps the image the first converge built, so
+        // runs leave nothing on the daemon.
+        let mut down = Command::new(&kiln);
+        down.arg("down").arg(&s.instance).env("KILN_HOME", &s.kiln_home).env_remove("KILN_COORDINATOR");
+        if let Err(err) = util::time_command(&mut down) {
+            eprintln!("cleanup: {err:#} — remove the statcache… image by hand");
+        }
     }
     Ok(())
 }

@@ -148,7 +148,7 @@ pub fn noop_up(args: &NoopArgs) -> Result<()> {
         Contestant::new("piece: load + plan_up", || {
             let started = Instant::now();
             let manifest = Manifest::load(&dir)?;
-            let plan = kiln::request::plan_up(&manifest, false, "kiln-bench")?;
+            let plan = kiln::request::plan_up(&manifest, false, "kiln-bench", None)?;
             let took = started.elapsed();
             std::hint::black_box(plan.request.images.len());
             Ok(took)
@@ -474,7 +474,7 @@ fn images_with(outcome: &UpOutcome, kind: EventKind) -> Vec<String> {
 
 /// The content refs `kiln up` builds for `manifest` (for clean-up).
 fn built_refs(manifest: &Manifest) -> Result<Vec<String>> {
-    let plan = kiln::request::plan_up(manifest, false, "kiln-bench")?;
+    let plan = kiln::request::plan_up(manifest, false, "kiln-bench", None)?;
     Ok(plan.request.images.into_iter().filter(|i| !i.context_digest.is_empty()).map(|i| i.reference).collect())
 }
 

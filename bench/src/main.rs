@@ -8,6 +8,7 @@ mod delivery;
 mod digest;
 mod farm;
 mod pack;
+mod stat_cache;
 mod sweep_plan;
 mod trust;
 mod upload;
@@ -26,6 +27,8 @@ struct Cli {
 enum Bench {
     /// Tree digest: small files (warm, optionally cold) vs cat and a Node hash; a big file vs b3sum.
     Digest(digest::Args),
+    /// The no-op path with a warm stat cache vs `git status` and `find`; cold cache vs tree digest v1.
+    StatCache(stat_cache::Args),
     /// Archive pack of a small-file tree vs `tar --sort=name`.
     Pack(pack::Args),
     /// Sweep planning: 100k listed images × 1,000 stores × 10k roots through the pure planner.
@@ -49,6 +52,7 @@ enum Bench {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Bench::Digest(args) => digest::run(&args),
+        Bench::StatCache(args) => stat_cache::run(&args),
         Bench::Pack(args) => pack::run(&args),
         Bench::SweepPlan(args) => sweep_plan::run(&args),
         Bench::NoopUp(args) => converge::noop_up(&args),

@@ -112,6 +112,10 @@ impl Embedded {
         let mut client = KilnClient::new(link.channel.clone());
         let agent_id = self.site.agent_id();
         let deadline = tokio::time::Instant::now() + AGENT_WAIT;
+        // The in-process agent connects within a few milliseconds of starting, so the first ask
+        // almost always comes too early: a fixed 100 ms pause then cost every embedded command
+        // 100 ms (two thirds of a no-op `kiln up`). Start short and back off instead.
+        let mut pause = Duration::from_millis(2);
         loop {
             self.check_alive().await?;
             if let Ok(reply) = client.agents(AgentsRequest {}).await {
@@ -134,7 +138,8 @@ impl Embedded {
                     },
                 });
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 

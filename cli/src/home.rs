@@ -60,6 +60,32 @@ impl EmbeddedSite {
     }
 }
 
+/// Where the stat cache of every context lives: under the embedded coordinator's home when there
+/// is one (everything embedded Kiln keeps is in one folder to back up or wipe), else in the
+/// user's cache directory (`$XDG_CACHE_HOME/kiln/stat`, `~/.cache/kiln/stat`). `None` without
+/// either: every file is then read, as it is with no cache.
+pub fn stat_cache_dir(embedded: bool, kiln_home: Option<&Path>) -> Option<PathBuf> {
+    let var = |name| std::env::var_os(name).filter(|v: &OsString| !v.is_empty());
+    stat_dir_from(embedded, kiln_home.map(Path::to_path_buf), var("KILN_HOME"), var("XDG_CACHE_HOME"), var("HOME"))
+}
+
+fn stat_dir_from(
+    embedded: bool,
+    explicit_home: Option<PathBuf>,
+    kiln_home: Option<OsString>,
+    xdg_cache: Option<OsString>,
+    home: Option<OsString>,
+) -> Option<PathBuf> {
+    if embedded {
+        let home = explicit_home.or_else(|| home_dir(kiln_home, home.clone()))?;
+        return Some(home.join("stat"));
+    }
+    match xdg_cache {
+        Some(cache) => Some(PathBuf::from(cache).join("kiln/stat")),
+        None => home.map(|h| PathBuf::from(h).join(".cache/kiln/stat")),
+    }
+}
+
 /// `$KILN_HOME` when set and non-empty, else `$HOME/.local/share/kiln`; `None` without either.
 /// A relative `$KILN_HOME` is taken from the current directory (and canonicalized later).
 pub fn home_dir(kiln_home: Option<OsString>, home: Option<OsString>) -> Option<PathBuf> {
@@ -112,6 +138,25 @@ mod tests {
         let dir = home_dir(Some("".into()), Some("/home/ana".into()));
         assert_eq!(dir, Some(PathBuf::from("/home/ana/.local/share/kiln")), "an empty KILN_HOME is unset");
         assert_eq!(home_dir(None, None), None);
+    }
+
+    #[test]
+    fn the_stat_cache_lives_in_the_embedded_home_else_the_cache_dir() {
+        let at = |embedded, explicit: Option<&str>, kiln: Option<&str>, xdg: Option<&str>| {
+            stat_dir_from(
+                embedded,
+                explicit.map(PathBuf::from),
+                kiln.map(Into::into),
+                xdg.map(Into::into),
+                Some("/home/ana".into()),
+            )
+        };
+        assert_eq!(at(true, None, None, None), Some(PathBuf::from("/home/ana/.local/share/kiln/stat")));
+        assert_eq!(at(true, None, Some("/srv/k"), Some("/c")), Some(PathBuf::from("/srv/k/stat")));
+        assert_eq!(at(true, Some("/tmp/h"), Some("/srv/k"), None), Some(PathBuf::from("/tmp/h/stat")));
+        assert_eq!(at(false, None, Some("/srv/k"), Some("/c")), Some(PathBuf::from("/c/kiln/stat")));
+        assert_eq!(at(false, None, None, None), Some(PathBuf::from("/home/ana/.cache/kiln/stat")));
+        assert_eq!(stat_dir_from(false, None, None, None, None), None);
     }
 
     #[test]

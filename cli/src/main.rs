@@ -164,7 +164,7 @@ enum Command {
     Digest {
         /// The context directory.
         dir: PathBuf,
-        /// Also print every entry the digest covered: type, size, path.
+        /// Also print every entry the digest covered: type, size, content hash (files), path.
         #[arg(long)]
         list: bool,
         /// The Dockerfile's path inside the context (always part of it, even if .dockerignore names it).
@@ -200,7 +200,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let plumbing = match cli.command {
-        Command::Digest { dir, list, dockerfile } => kiln::plumbing::digest(&dir, list, dockerfile),
+        Command::Digest { dir, list, dockerfile } => {
+            let stat_cache = kiln::home::stat_cache_dir(false, None);
+            kiln::plumbing::digest(&dir, list, dockerfile, stat_cache.as_deref())
+        }
         Command::Pack { dir, output, dockerfile } => kiln::plumbing::pack(&dir, &output, dockerfile),
         Command::Unpack { file, dir, expect } => kiln::plumbing::unpack(&file, &dir, expect.as_deref()),
         Command::Refs { dir } => kiln::plumbing::refs(&dir),

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use kiln_core::archive;
-use kiln_core::digest::{digest_dir, TreeDigest, WalkOptions};
+use kiln_core::digest::{cache_file_for, digest_dir, digest_dir_cached, TreeDigest, WalkOptions};
 use kiln_core::manifest::{ImageSpec, Manifest};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -43,22 +43,33 @@ fn context_dir(dir: &Path) -> Result<()> {
     }
 }
 
-pub fn digest(dir: &Path, list: bool, dockerfile: String) -> Result<()> {
+/// `kiln digest [--list] DIR`. With `stat_cache` (a directory), files whose stat has not moved
+/// since the last digest are not read again.
+pub fn digest(dir: &Path, list: bool, dockerfile: String, stat_cache: Option<&Path>) -> Result<()> {
     context_dir(dir)?;
-    let (tree, digest) = digest_dir(dir, &WalkOptions { dockerfile: Some(dockerfile) })?;
+    let opts = WalkOptions { dockerfile: Some(dockerfile) };
+    let (tree, digest) = match stat_cache {
+        Some(cache) => {
+            let (tree, hashed, _) = digest_dir_cached(dir, &opts, &cache_file_for(cache, dir))?;
+            (tree, hashed.digest)
+        }
+        None => digest_dir(dir, &opts)?,
+    };
     let mut out = BufWriter::new(io::stdout().lock());
     if list {
         for e in &tree.entries {
             let path = String::from_utf8_lossy(&e.path);
+            // A file's hash is what `b3sum` prints for it: the tree digest covers it, not the bytes.
+            let hash = e.hash.map_or_else(|| format!("{:<64}", "-"), |h| h.to_string());
             match e.kind {
                 kiln_core::digest::EntryKind::Symlink => writeln!(
                     out,
-                    "{:<7} {:>12}  {path} -> {}",
+                    "{:<7} {:>12}  {hash}  {path} -> {}",
                     e.kind.name(),
                     e.size,
                     String::from_utf8_lossy(&e.link_target)
                 )?,
-                _ => writeln!(out, "{:<7} {:>12}  {path}", e.kind.name(), e.size)?,
+                _ => writeln!(out, "{:<7} {:>12}  {hash}  {path}", e.kind.name(), e.size)?,
             }
         }
         writeln!(out, "{} entries", tree.entries.len())?;

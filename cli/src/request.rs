@@ -46,13 +46,22 @@ pub struct ContextSource {
 /// The request lists the images in file order, except that the built ones take the built images'
 /// places in build order, so every base comes before the images built FROM it: a coordinator that
 /// builds in request order (one older than `ImageSpec.from`) then builds bases first too.
-pub fn plan_up(manifest: &Manifest, force: bool, requested_by: &str) -> Result<UpPlan, CliError> {
+///
+/// With `stat_cache` (a directory), files whose stat has not moved since the last walk are not
+/// read again (`kiln_core::digest::digest_dir_cached`).
+pub fn plan_up(
+    manifest: &Manifest,
+    force: bool,
+    requested_by: &str,
+    stat_cache: Option<&std::path::Path>,
+) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
     let built: Vec<(&str, &BuiltImage)> = manifest.built().collect();
     let walked: Vec<(&str, TreeDigest, u64)> = built
         .par_iter()
         .map(|&(name, image)| {
-            let (tree, digest) = image.walk().map_err(|err| CliError::Address { image: name.to_string(), err })?;
+            let (tree, digest) =
+                image.walk_with(stat_cache).map_err(|err| CliError::Address { image: name.to_string(), err })?;
             let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
             Ok((name, digest, archive_bytes))
         })
@@ -166,7 +175,7 @@ mod tests {
     #[test]
     fn hello_asks_for_two_built_images_with_their_refs_and_passes_the_rest_through() {
         let manifest = example("hello");
-        let plan = plan_up(&manifest, false, "ana@box").unwrap();
+        let plan = plan_up(&manifest, false, "ana@box", None).unwrap();
         let r = &plan.request;
         assert_eq!(r.instance, "hello");
         assert_eq!(r.requested_by, "ana@box");
@@ -219,7 +228,7 @@ mod tests {
     #[test]
     fn a_registry_target_qualifies_the_refs_and_force_is_carried() {
         let manifest = example("registry");
-        let plan = plan_up(&manifest, true, "ana@box").unwrap();
+        let plan = plan_up(&manifest, true, "ana@box", None).unwrap();
         assert!(plan.request.force);
         let target = plan.request.target.as_ref().unwrap();
         assert_eq!((target.kind, target.registry.as_str()), (target::Kind::Registry as i32, "127.0.0.1:5000"));
@@ -235,7 +244,7 @@ mod tests {
         let text = "instance = \"pair\"\n[target]\nkind = \"local\"\n\
                     [built.a]\ncontext = \"app\"\n[built.b]\ncontext = \"app\"\nargs = { X = \"1\" }\n";
         std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
-        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap();
+        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h", None).unwrap();
         let [a, b] = &plan.request.images[..] else { panic!("two images") };
         assert_eq!(a.context_digest, b.context_digest);
         assert_ne!(a.reference, b.reference, "the build arg is part of the address");
@@ -259,7 +268,7 @@ mod tests {
         let text = "instance = \"shop\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n\
                     [brought.db]\nref = \"postgres:16\"\n[built.base]\ncontext = \"base\"\nshared = true\n";
         std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
-        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap();
+        let plan = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h", None).unwrap();
         let names: Vec<&str> = plan.request.images.iter().map(|i| i.name.as_str()).collect();
         assert_eq!(names, ["base", "db", "api"], "the base takes the first built place");
         let [base, _, api] = &plan.request.images[..] else { panic!("three images") };
@@ -283,7 +292,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", tmp.path().join("app/escape")).unwrap();
         let text = "instance = \"bad\"\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n";
         std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
-        let err = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h").unwrap_err();
+        let err = plan_up(&Manifest::load(tmp.path()).unwrap(), false, "u@h", None).unwrap_err();
         assert_eq!(err.exit(), crate::Exit::Usage);
         assert!(crate::error::report(&err).contains("built image \"app\" cannot be addressed: context"), "{err}");
     }

@@ -115,9 +115,12 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     let built: Vec<String> = manifest.built().map(|(name, _)| name.to_string()).collect();
     render.addressing(&built);
     let force = args.force;
-    let mut plan = tokio::task::spawn_blocking(move || plan_up(&manifest, force, &crate::home::requested_by()))
-        .await
-        .map_err(|_| CliError::Panicked { what: "walk" })??;
+    let stat_cache = crate::home::stat_cache_dir(args.connect.coordinator.is_none(), args.connect.kiln_home.as_deref());
+    let mut plan = tokio::task::spawn_blocking(move || {
+        plan_up(&manifest, force, &crate::home::requested_by(), stat_cache.as_deref())
+    })
+    .await
+    .map_err(|_| CliError::Panicked { what: "walk" })??;
     plan.request.dry_run = args.dry_run;
     render.addressed(&plan);
 

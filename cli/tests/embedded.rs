@@ -27,8 +27,12 @@ fn args(dir: &Path, home: &Path) -> UpArgs {
     }
 }
 
+/// The images with an event of `kind`, sorted: the embedded agent builds as many at once as the
+/// machine has cores, so they finish in any order.
 fn images(events: &[kiln::Event], kind: EventKind) -> Vec<String> {
-    events.iter().filter(|e| e.kind == kind).map(|e| e.image.clone()).collect()
+    let mut images: Vec<String> = events.iter().filter(|e| e.kind == kind).map(|e| e.image.clone()).collect();
+    images.sort();
+    images
 }
 
 fn remove_tags(events: &[kiln::Event]) {
@@ -49,6 +53,8 @@ async fn embedded_up_builds_then_records_and_logs_replay_it() {
     assert_eq!(images(&first.events, EventKind::Built), vec!["web", "worker"]);
     assert!(home.join("state/kiln.db").is_file(), "state lives in KILN_HOME, not in the instance folder");
     assert!(!dir.join("state").exists());
+    let caches = std::fs::read_dir(home.join("stat")).map(|d| d.count()).unwrap_or(0);
+    assert!(caches >= 1, "the contexts' stat caches live in KILN_HOME/stat too");
 
     let second = kiln::up(args(&dir, &home)).await.unwrap();
     assert_eq!(images(&second.events, EventKind::Recorded), vec!["web", "worker"], "{:#?}", second.events);
@@ -97,7 +103,9 @@ async fn embedded_up_builds_a_base_then_the_image_built_from_it() {
     let home = tmp.path().join("kiln-home");
     let up = kiln::up(args(&dir, &home)).await.unwrap();
     assert_eq!(up.outcome, Outcome::Succeeded, "{:#?}", up.events);
-    assert_eq!(images(&up.events, EventKind::Built), vec!["base", "app"]);
+    // In build order: the base first.
+    let built: Vec<&str> = up.events.iter().filter(|e| e.kind == EventKind::Built).map(|e| e.image.as_str()).collect();
+    assert_eq!(built, vec!["base", "app"]);
     let reference = |name: &str| {
         up.events.iter().find(|e| e.kind == EventKind::Building && e.image == name).unwrap().reference.clone()
     };

@@ -51,7 +51,13 @@ impl Events {
             // live-only item ends the batch, so the client sees everything in the order emitted.
             let mut next: Option<Item> = None;
             loop {
-                let Some(first) = next.take().or(rx.recv().await) else { break };
+                let first = match next.take() {
+                    Some(item) => item,
+                    None => match rx.recv().await {
+                        Some(item) => item,
+                        None => break,
+                    },
+                };
                 let mut batch: Vec<(EventKind, Option<String>, String)> = Vec::new();
                 let mut live_item = None;
                 match first {

@@ -3,8 +3,9 @@
 //! agents and the CLI call these functions and do the I/O around them.
 //!
 //! Where to start:
-//! - [`digest`] — the tree digest of a build context (DESIGN.md "Specs"), with [`ignore`] applying
-//!   `.dockerignore` exactly as Docker does. Everything else addresses images by this digest.
+//! - [`digest`] — the tree digest of a build context (DESIGN.md "Specs", v2: over each file's content
+//!   hash), its stat cache, and its conformance vectors, with [`ignore`] applying `.dockerignore`
+//!   exactly as Docker does. Everything else addresses images by this digest.
 //! - [`refs`] — image references, their normalization, and the content tag `<repo>:<digest12>-<platforms>`.
 //! - [`manifest`] — `kiln.toml`, the instance's images and target.
 //! - [`dockerfile`] — a Dockerfile's `FROM` images as Docker reads them, and the rewrite that makes a

@@ -3,7 +3,8 @@
 //! spec names.
 
 use kiln_core::digest::{
-    digest_dir, digest_tree, walk_tree, DigestError, EntryKind, StreamHasher, Tree, TreeDigest, WalkOptions,
+    digest_dir, digest_entries, digest_tree, walk_tree, ContentHash, DigestError, EntryKind, EntryListError,
+    StreamHasher, Tree, TreeDigest, WalkOptions,
 };
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -354,8 +355,8 @@ fn the_stream_encoding_is_pinned() {
     chmod(r, "x", 0o755);
     symlink("d/f", r.join("l")).unwrap();
 
-    // Built byte by byte from DESIGN.md's spec, not through StreamHasher.
-    let mut want = blake3::Hasher::new();
+    // Built byte by byte from DESIGN.md's spec (v2), not through StreamHasher.
+    let mut want = blake3::Hasher::new_derive_key("kiln.dev 2026-12-01 tree digest v2");
     let entry = |h: &mut blake3::Hasher, kind: u8, path: &[u8]| {
         h.update(&[kind]);
         h.update(&(path.len() as u64).to_le_bytes());
@@ -364,14 +365,52 @@ fn the_stream_encoding_is_pinned() {
     entry(&mut want, b'd', b"d");
     entry(&mut want, b'f', b"d/f");
     want.update(&5u64.to_le_bytes());
-    want.update(b"hello");
+    want.update(blake3::hash(b"hello").as_bytes());
     entry(&mut want, b'l', b"l");
     want.update(&3u64.to_le_bytes());
     want.update(b"d/f");
     entry(&mut want, b'x', b"x");
     want.update(&2u64.to_le_bytes());
-    want.update(b"#!");
+    want.update(blake3::hash(b"#!").as_bytes());
     assert_eq!(digest(r), TreeDigest(*want.finalize().as_bytes()));
+}
+
+#[test]
+fn the_digest_is_a_function_of_the_entry_list() {
+    let d = wide_tree();
+    let (tree, digest) = digest_dir(d.path(), &WalkOptions::default()).unwrap();
+    // Every file's hash is what b3sum would print for it.
+    for e in tree.entries.iter().filter(|e| e.kind == EntryKind::File) {
+        let content = fs::read(d.path().join(std::ffi::OsStr::from_bytes(&e.path))).unwrap();
+        assert_eq!(e.hash, Some(ContentHash::of(&content)));
+    }
+    // The files are gone: the entry list alone still gives the digest.
+    drop(d);
+    assert_eq!(digest_entries(&tree.entries).unwrap(), digest);
+    let mut unhashed = tree.entries.clone();
+    let file = unhashed.iter_mut().find(|e| e.kind == EntryKind::File).unwrap();
+    file.hash = None;
+    assert!(matches!(digest_entries(&unhashed), Err(EntryListError::Unhashed { .. })));
+}
+
+#[test]
+fn a_v2_digest_never_equals_a_v1_digest() {
+    // Tree A: `f` holds 32 bytes Y. Tree B: `f` holds blake3(Y), also 32 bytes. B's v1 stream
+    // (contents inline) and A's v2 stream (content hash) are the same bytes; only v2's key
+    // derivation keeps the two digests apart, so a v1 tag can never name a v2 tree.
+    let y = b"0123456789abcdef0123456789abcdef";
+    let a = tempfile::tempdir().unwrap();
+    write(a.path(), "f", y);
+    let mut stream = vec![b'f'];
+    stream.extend_from_slice(&1u64.to_le_bytes());
+    stream.extend_from_slice(b"f");
+    stream.extend_from_slice(&32u64.to_le_bytes());
+    stream.extend_from_slice(blake3::hash(y).as_bytes());
+    let v1_of_b = TreeDigest(*blake3::hash(&stream).as_bytes());
+    let mut v2 = blake3::Hasher::new_derive_key(kiln_core::digest::TREE_DIGEST_CONTEXT);
+    v2.update(&stream);
+    assert_eq!(digest(a.path()), TreeDigest(*v2.finalize().as_bytes()), "the same stream");
+    assert_ne!(digest(a.path()), v1_of_b);
 }
 
 #[test]

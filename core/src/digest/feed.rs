@@ -1,160 +1,139 @@
-//! Reading a walked tree's contents into the one [`StreamHasher`], fast and in canonical order.
+//! Hashing a walked tree: each file's content hash (recalled from the stat cache, or read), then
+//! the canonical stream over the entry list.
 //!
-//! Small files are read in windows of consecutive entries (bounded in bytes and in count, so
-//! memory stays bounded however large the tree), each window by many threads into one reused
-//! buffer, and hashed strictly in entry order while the next window is being read: the reads run
-//! in parallel, the stream never does, so the digest cannot depend on the number of threads or on
-//! scheduling. A file of 1 MiB or more is its own window and goes through
-//! [`StreamHasher::file_mmap`] (blake3's mmap + rayon path).
+//! Files are independent under spec v2, so small files are read *and* hashed in parallel on the
+//! I/O pool, each into a per-thread buffer; the stream over the entries is then fed strictly in
+//! entry order, so the digest cannot depend on the number of threads or on scheduling. A file of
+//! 1 MiB or more is hashed from a memory map by blake3's rayon path (one file, every core).
 
+use super::cache::StatCache;
 use super::walk::{unreadable, Tree};
-use super::{DigestError, Entry, EntryKind, StreamHasher, TreeDigest};
+use super::{hash_file_mmap, ContentHash, DigestError, Entry, EntryKind, EntryListError, StreamHasher, TreeDigest};
 use rayon::prelude::*;
 use std::ffi::OsStr;
 use std::fs::OpenOptions;
 use std::io::{self, Read};
-use std::ops::Range;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Files from this size on are hashed from a memory map by several threads.
 const BIG_FILE: u64 = 1 << 20;
-/// Bounds of one window of small files: enough entries to keep every I/O thread busy between
-/// hand-offs, few enough bytes that two windows in memory (hashed + being read) stay small.
-const WINDOW_BYTES: u64 = 32 << 20;
-const WINDOW_ENTRIES: usize = 2048;
 
-/// Hashes `tree`'s entries and contents as the canonical stream (see [`super`]).
-pub fn digest_tree(tree: &Tree) -> Result<TreeDigest, DigestError> {
-    let windows = plan(&tree.entries);
-    let mut hasher = StreamHasher::new();
-    let mut loaded = Loaded::default();
-    let mut spare = Loaded::default();
-    if let Some(first) = windows.first() {
-        read_window(tree, first.clone(), &mut loaded)?;
-    }
-    for (i, window) in windows.iter().enumerate() {
-        let next = windows.get(i + 1).cloned();
-        let (fed, prefetched) = rayon::join(
-            || feed_window(tree, &mut hasher, window.clone(), &loaded),
-            || match next {
-                Some(next) => read_window(tree, next, &mut spare),
-                None => Ok(()),
-            },
-        );
-        // The window being hashed comes first in the stream, so its error is the one to report.
-        fed?;
-        prefetched?;
-        std::mem::swap(&mut loaded, &mut spare);
-    }
-    Ok(hasher.finish())
+/// What [`hash_tree`] did: the digest, and how many file hashes it read from disk and how many
+/// the stat cache vouched for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hashed {
+    pub digest: TreeDigest,
+    pub read: usize,
+    pub recalled: usize,
 }
 
-/// A window's file contents: one buffer, reused from window to window so that reading 20,000
-/// small files does not mean 20,000 allocations (and their page faults), and where each file's
-/// bytes lie in it.
-#[derive(Default)]
-struct Loaded {
-    arena: Vec<u8>,
-    /// Per entry of the window, in order; empty for directories and symlinks.
-    spans: Vec<Range<usize>>,
-}
-
-/// Splits entries into consecutive windows; a big file is always alone in its own.
-fn plan(entries: &[Entry]) -> Vec<Range<usize>> {
-    let mut windows = Vec::new();
-    let mut start = 0;
-    let mut bytes = 0u64;
-    for (i, e) in entries.iter().enumerate() {
-        if is_big(e) {
-            if start < i {
-                windows.push(start..i);
-            }
-            windows.push(i..i + 1);
-            start = i + 1;
-            bytes = 0;
+/// Fills in the content hash of every file entry of `tree` — from `cache` where it vouches for the
+/// file's stat, else by reading the file — and digests the entry list.
+pub fn hash_tree(tree: &mut Tree, cache: Option<&StatCache>) -> Result<Hashed, DigestError> {
+    let mut todo = Vec::new();
+    let mut recalled = 0;
+    let mut cursor = cache.map(StatCache::cursor);
+    for (i, e) in tree.entries.iter_mut().enumerate() {
+        if !is_file(e) {
             continue;
         }
-        if is_file(e) {
-            bytes += e.size;
-        }
-        if i + 1 - start >= WINDOW_ENTRIES || bytes >= WINDOW_BYTES {
-            windows.push(start..i + 1);
-            start = i + 1;
-            bytes = 0;
+        e.hash = match (&mut cursor, &e.stat) {
+            (Some(cursor), Some(stat)) => cursor.recall(&e.path, stat),
+            _ => None,
+        };
+        match e.hash {
+            Some(_) => recalled += 1,
+            None => todo.push(i),
         }
     }
-    if start < entries.len() {
-        windows.push(start..entries.len());
+    let hashes = read_hashes(&tree.root, &tree.entries, &todo)?;
+    for (&i, hash) in todo.iter().zip(hashes) {
+        tree.entries[i].hash = Some(hash);
     }
-    windows
+    let digest = digest_entries(&tree.entries).map_err(|err| match err {
+        EntryListError::Unordered(err) => DigestError::Unordered { root: tree.root.clone(), err },
+        EntryListError::Unhashed { .. } => unreachable!("every file entry was hashed above"),
+    })?;
+    Ok(Hashed { digest, read: todo.len(), recalled })
+}
+
+/// Hashes `tree` by reading every file, whatever hashes its entries already carry.
+pub fn digest_tree(tree: &Tree) -> Result<TreeDigest, DigestError> {
+    let mut tree = tree.clone();
+    Ok(hash_tree(&mut tree, None)?.digest)
+}
+
+/// The tree digest of an entry list whose files carry their content hashes: no file is read.
+pub fn digest_entries(entries: &[Entry]) -> Result<TreeDigest, EntryListError> {
+    let mut hasher = StreamHasher::new();
+    for e in entries {
+        hasher.check_order(&e.path)?;
+        match e.kind {
+            EntryKind::Dir => hasher.dir(&e.path),
+            EntryKind::Symlink => hasher.symlink(&e.path, &e.link_target),
+            EntryKind::File | EntryKind::ExecFile => {
+                let hash = e
+                    .hash
+                    .as_ref()
+                    .ok_or_else(|| EntryListError::Unhashed { path: String::from_utf8_lossy(&e.path).into_owned() })?;
+                hasher.file_hashed(&e.path, e.kind == EntryKind::ExecFile, e.size, hash);
+            }
+        }
+    }
+    Ok(hasher.finish())
 }
 
 fn is_file(e: &Entry) -> bool {
     matches!(e.kind, EntryKind::File | EntryKind::ExecFile)
 }
 
-fn is_big(e: &Entry) -> bool {
-    is_file(e) && e.size >= BIG_FILE
-}
-
 fn on_disk(root: &Path, rel: &[u8]) -> PathBuf {
     root.join(OsStr::from_bytes(rel))
 }
 
-/// Reads the contents of a window's small files into `into`. Errors are reported for the first
-/// failing entry in order, so the same broken tree always names the same path.
-fn read_window(tree: &Tree, window: Range<usize>, into: &mut Loaded) -> Result<(), DigestError> {
-    let entries = &tree.entries[window];
-    into.spans.clear();
-    if entries.len() == 1 && is_big(&entries[0]) {
-        return Ok(());
-    }
-    // Each file gets one byte more than its walked size, so that growth shows up (read_into).
-    let mut total = 0;
-    for e in entries {
-        let room = if is_file(e) { e.size as usize + 1 } else { 0 };
-        into.spans.push(total..total + room);
-        total += room;
-    }
-    if into.arena.len() < total {
-        into.arena.resize(total, 0);
-    }
-    let mut slots = Vec::with_capacity(entries.len());
-    let mut rest = &mut into.arena[..total];
-    for span in &into.spans {
-        let (slot, tail) = rest.split_at_mut(span.len());
-        slots.push(slot);
-        rest = tail;
-    }
-    let read: Vec<io::Result<()>> = super::io::blocking(|| {
-        slots
-            .into_par_iter()
-            .zip(entries)
-            .map(|(slot, e)| if is_file(e) { read_into(&on_disk(&tree.root, &e.path), slot) } else { Ok(()) })
+/// The content hashes of the entries at `todo` (indices of file entries), in that order. Errors
+/// name the first failing entry in order, so the same broken tree always names the same path.
+fn read_hashes(root: &Path, entries: &[Entry], todo: &[usize]) -> Result<Vec<ContentHash>, DigestError> {
+    let small: Vec<io::Result<ContentHash>> = super::io::blocking(|| {
+        todo.par_iter()
+            .map_init(Vec::new, |buf, &i| {
+                let e = &entries[i];
+                match e.size >= BIG_FILE {
+                    // Placeholder, replaced below: big files are hashed one at a time, each by
+                    // every core, rather than sixteen at once from the I/O pool.
+                    true => Ok(ContentHash([0; 32])),
+                    false => read_small(&on_disk(root, &e.path), e.size, buf),
+                }
+            })
             .collect()
     });
-    for ((r, e), span) in read.into_iter().zip(entries).zip(into.spans.iter_mut()) {
-        r.map_err(|err| unreadable(&tree.root, &e.path, err))?;
-        // Drop the growth-detection byte: what remains is exactly the content.
-        span.end = span.end.saturating_sub(1).max(span.start);
+    let mut out = Vec::with_capacity(todo.len());
+    for (&i, result) in todo.iter().zip(small) {
+        let e = &entries[i];
+        let hash = match e.size >= BIG_FILE {
+            true => hash_file_mmap(&on_disk(root, &e.path), e.size),
+            false => result,
+        };
+        out.push(hash.map_err(|err| unreadable(root, &e.path, err))?);
     }
-    Ok(())
+    Ok(out)
 }
 
-/// Fills `slot` (the walked size plus one byte) from the file at `path`, refusing a file that is
-/// no longer the walked size: the stream already promised that many content bytes.
-fn read_into(path: &Path, slot: &mut [u8]) -> io::Result<()> {
+/// Reads and hashes a small file of the walked size `len`, refusing one that is no longer that
+/// size: the entry list already promised that many content bytes.
+fn read_small(path: &Path, len: u64, buf: &mut Vec<u8>) -> io::Result<ContentHash> {
     // O_NOFOLLOW: a file swapped for a symlink since the walk must not pull in what it points at.
     let mut file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
-    let want = slot.len() - 1;
-    // Filling the extra byte means the file grew, and a read that stops short at exactly the
-    // walked size is, for a regular file, its end. That saves the second `read` that would only
-    // confirm EOF — and a syscall per file is a good part of the cost of a small-file tree.
+    let want = len as usize;
+    // One byte more than the walked size, so that growth shows up; a read that stops short at
+    // exactly the walked size is, for a regular file, its end. That saves the second `read` that
+    // would only confirm EOF — a syscall per file is a good part of a small-file tree's cost.
+    buf.resize(want + 1, 0);
     let mut got = 0;
     loop {
-        let n = match file.read(&mut slot[got..]) {
+        let n = match file.read(&mut buf[got..]) {
             Ok(n) => n,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
             Err(err) => return Err(err),
@@ -169,40 +148,5 @@ fn read_into(path: &Path, slot: &mut [u8]) -> io::Result<()> {
             "file changed size while the context was digested (walked as {want} bytes)"
         )));
     }
-    Ok(())
-}
-
-fn feed_window(
-    tree: &Tree,
-    hasher: &mut StreamHasher,
-    window: Range<usize>,
-    loaded: &Loaded,
-) -> Result<(), DigestError> {
-    let entries = &tree.entries[window];
-    if entries.len() == 1 && is_big(&entries[0]) {
-        let e = &entries[0];
-        check_order(tree, hasher, e)?;
-        let exec = e.kind == EntryKind::ExecFile;
-        return hasher
-            .file_mmap(&e.path, exec, e.size, &on_disk(&tree.root, &e.path))
-            .map_err(|err| unreadable(&tree.root, &e.path, err));
-    }
-    for (e, span) in entries.iter().zip(&loaded.spans) {
-        check_order(tree, hasher, e)?;
-        match e.kind {
-            EntryKind::Dir => hasher.dir(&e.path),
-            EntryKind::Symlink => hasher.symlink(&e.path, &e.link_target),
-            EntryKind::File | EntryKind::ExecFile => {
-                hasher.file(&e.path, e.kind == EntryKind::ExecFile, e.size);
-                hasher.content(&loaded.arena[span.clone()]);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A `Tree` built by hand (its fields are public) could list entries out of order; hashing it
-/// would give a digest no walk of that tree produces, so it is refused instead.
-fn check_order(tree: &Tree, hasher: &StreamHasher, e: &Entry) -> Result<(), DigestError> {
-    hasher.check_order(&e.path).map_err(|err| DigestError::Unordered { root: tree.root.clone(), err })
+    Ok(ContentHash::of(&buf[..want]))
 }

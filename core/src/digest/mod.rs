@@ -5,24 +5,46 @@
 //! reader (`crate::archive`) feed it. Entries come in byte order of their `/`-separated relative path;
 //! each contributes:
 //!
-//! | entry     | bytes                                                            |
-//! |-----------|------------------------------------------------------------------|
-//! | directory | `b'd'`, path length (u64 LE), path                               |
-//! | file      | `b'f'`, path length, path, content length (u64 LE), content      |
+//! | entry     | bytes                                                                     |
+//! |-----------|---------------------------------------------------------------------------|
+//! | directory | `b'd'`, path length (u64 LE), path                                        |
+//! | file      | `b'f'`, path length, path, content length (u64 LE), blake3 of the content (32 bytes) |
 //! | exec file | `b'x'`, same as a file (the executable bit is build input: `COPY` keeps it) |
-//! | symlink   | `b'l'`, path length, path, target length (u64 LE), target bytes  |
+//! | symlink   | `b'l'`, path length, path, target length (u64 LE), target bytes           |
 //!
 //! Lengths make the stream unambiguous; no mtime, owner or other mode bit enters it.
+//!
+//! **Spec v2.** The stream is hashed in blake3's key-derivation mode under [`TREE_DIGEST_CONTEXT`],
+//! and a file contributes its content *hash* (plain blake3, what `b3sum` prints), where v1 hashed a
+//! plain blake3 stream that carried the contents themselves. So the digest is a function of the
+//! entry list (type, path, size, hash or target): a stat cache ([`cache`]) can vouch for a file
+//! without reading it, and uploads can go file by file. The derivation context separates the two
+//! versions: no v2 digest can equal the v1 digest of any tree, so a tag made under v1 can never
+//! be mistaken for one made under v2 (a v1 stream of a file whose 32 bytes happen to be another
+//! file's hash would otherwise read the same as that file's v2 entry).
 
+mod cache;
 mod feed;
 mod io;
+pub mod vectors;
 mod walk;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-pub use walk::{digest_dir, digest_tree, walk_tree, Tree, WalkOptions};
+pub use cache::{
+    cache_file_for, digest_dir_cached, settled, stamp_now, CacheKey, CacheUse, FileStat, Rejected, StatCache,
+};
+pub use feed::{digest_entries, digest_tree, hash_tree, Hashed};
+pub use walk::{digest_dir, walk_tree, Tree, WalkOptions};
+
+/// The blake3 key-derivation context of the v2 tree digest (DESIGN.md "Specs"). Changing the
+/// stream's encoding means a new context string, so digests of different versions never meet.
+pub const TREE_DIGEST_CONTEXT: &str = "kiln.dev 2026-12-01 tree digest v2";
+
+/// The version of the tree digest spec this build computes and checks.
+pub const TREE_DIGEST_VERSION: u32 = 2;
 
 /// A full 32-byte tree digest. Displays as 64 lowercase hex characters.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -90,6 +112,29 @@ impl EntryKind {
     }
 }
 
+/// The blake3 hash of one file's contents — what `b3sum` prints for it, and what a file entry
+/// contributes to the tree digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ContentHash(pub [u8; 32]);
+
+impl ContentHash {
+    pub fn of(bytes: &[u8]) -> ContentHash {
+        ContentHash(*blake3::hash(bytes).as_bytes())
+    }
+}
+
+impl fmt::Display for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for ContentHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentHash({self})")
+    }
+}
+
 /// One entry a digest covered. `path` is relative to the context root, `/`-separated raw bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -99,25 +144,40 @@ pub struct Entry {
     pub size: u64,
     /// The symlink's target bytes (empty for other kinds).
     pub link_target: Vec<u8>,
+    /// A file's `lstat` as the walk saw it, which the stat cache compares; `None` for other kinds
+    /// and for entries that did not come from a walk.
+    pub stat: Option<FileStat>,
+    /// A file's content hash, once [`hash_tree`] or [`digest_dir`] has computed or recalled it.
+    pub hash: Option<ContentHash>,
 }
 
 /// How many buffered stream bytes [`StreamHasher`] collects before hashing them.
-const PENDING_FLUSH: usize = 256 << 10;
+const PENDING_FLUSH: usize = 64 << 10;
+
+/// Slices of file content from this size on are hashed by blake3's multi-threaded path: one big
+/// file's hash may use every core.
+const RAYON_SLICE: usize = 1 << 20;
 
 /// Encodes the canonical entry stream into blake3. Callers must present entries in strictly
 /// increasing byte order of path; [`StreamHasher::check_order`] enforces it for untrusted input.
+///
+/// A file entry is given either with its hash ([`StreamHasher::file_hashed`], when the hash is
+/// known: the stat cache, a read done elsewhere) or with its contents ([`StreamHasher::file`] then
+/// [`StreamHasher::content`], as the archive reader streams them); both encode the same bytes.
 #[derive(Debug)]
 pub struct StreamHasher {
     hasher: blake3::Hasher,
-    /// Stream bytes not yet given to blake3. Entries of a few bytes or KiB would land at odd
-    /// offsets of the stream, where blake3 compresses one 64-byte block at a time; handing it
-    /// [`PENDING_FLUSH`] bytes at once lets it hash many chunks at once with SIMD (on a tree of
-    /// 4 KiB files, hashing went from ~28% to ~7% of the digest's CPU time). Buffering changes
-    /// when bytes are hashed, never which bytes.
+    /// Stream bytes not yet given to blake3. Entries are a few dozen bytes each; handing blake3
+    /// [`PENDING_FLUSH`] bytes at once lets it hash many chunks at once with SIMD. Buffering
+    /// changes when bytes are hashed, never which bytes.
     pending: Vec<u8>,
     last_path: Option<Vec<u8>>,
+    /// The content hash of the file entry in progress, while its contents stream in.
+    file: Option<blake3::Hasher>,
     /// Bytes of file content still owed by the entry in progress.
     owed: u64,
+    /// The content hash of the last file entry completed.
+    last_file: Option<ContentHash>,
 }
 
 impl Default for StreamHasher {
@@ -128,7 +188,14 @@ impl Default for StreamHasher {
 
 impl StreamHasher {
     pub fn new() -> Self {
-        StreamHasher { hasher: blake3::Hasher::new(), pending: Vec::new(), last_path: None, owed: 0 }
+        StreamHasher {
+            hasher: blake3::Hasher::new_derive_key(TREE_DIGEST_CONTEXT),
+            pending: Vec::new(),
+            last_path: None,
+            file: None,
+            owed: 0,
+            last_file: None,
+        }
     }
 
     /// Refuses an entry that is not strictly after the previous one: a reordered or repeated entry
@@ -157,15 +224,9 @@ impl StreamHasher {
         }
     }
 
-    /// Appends stream bytes; slices of 1 MiB or more go straight to blake3's multi-threaded path.
     fn push(&mut self, bytes: &[u8]) {
-        if bytes.len() >= 1 << 20 {
-            self.flush();
-            self.hasher.update_rayon(bytes);
-            return;
-        }
         if self.pending.capacity() == 0 {
-            self.pending.reserve(PENDING_FLUSH + (1 << 20));
+            self.pending.reserve(PENDING_FLUSH + 4096);
         }
         self.pending.extend_from_slice(bytes);
         if self.pending.len() >= PENDING_FLUSH {
@@ -190,19 +251,46 @@ impl StreamHasher {
         self.push(target);
     }
 
+    /// A whole file entry whose content hash is already known.
+    pub fn file_hashed(&mut self, path: &[u8], executable: bool, len: u64, hash: &ContentHash) {
+        let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
+        self.header(kind, path);
+        self.push(&len.to_le_bytes());
+        self.push(&hash.0);
+        self.last_file = Some(*hash);
+    }
+
     /// Starts a file entry of `len` bytes; its content follows through [`StreamHasher::content`].
     pub fn file(&mut self, path: &[u8], executable: bool, len: u64) {
         let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
         self.header(kind, path);
         self.push(&len.to_le_bytes());
         self.owed = len;
+        self.file = Some(blake3::Hasher::new());
+        if len == 0 {
+            self.end_file();
+        }
     }
 
     /// Feeds file content. Large slices go through blake3's multi-threaded path.
     pub fn content(&mut self, bytes: &[u8]) {
         assert!(bytes.len() as u64 <= self.owed, "file content longer than declared");
+        let file = self.file.as_mut().expect("content outside a file entry");
+        if bytes.len() >= RAYON_SLICE {
+            file.update_rayon(bytes);
+        } else {
+            file.update(bytes);
+        }
         self.owed -= bytes.len() as u64;
-        self.push(bytes);
+        if self.owed == 0 {
+            self.end_file();
+        }
+    }
+
+    fn end_file(&mut self) {
+        let hash = ContentHash(*self.file.take().expect("a file entry in progress").finalize().as_bytes());
+        self.push(&hash.0);
+        self.last_file = Some(hash);
     }
 
     /// Bytes of the current file entry not yet hashed.
@@ -210,24 +298,9 @@ impl StreamHasher {
         self.owed
     }
 
-    /// Hashes a whole file entry from a path on disk via memory map and blake3's rayon path.
-    pub fn file_mmap(
-        &mut self,
-        path: &[u8],
-        executable: bool,
-        len: u64,
-        on_disk: &std::path::Path,
-    ) -> std::io::Result<()> {
-        self.file(path, executable, len);
-        self.flush();
-        let before = self.hasher.count();
-        self.hasher.update_mmap_rayon(on_disk)?;
-        let read = self.hasher.count() - before;
-        if read != len {
-            return Err(std::io::Error::other(format!("file changed size while hashed: {} then {read} bytes", len)));
-        }
-        self.owed = 0;
-        Ok(())
+    /// The content hash of the last file entry whose contents were all given.
+    pub fn last_file_hash(&self) -> Option<ContentHash> {
+        self.last_file
     }
 
     pub fn finish(mut self) -> TreeDigest {
@@ -235,6 +308,19 @@ impl StreamHasher {
         self.flush();
         TreeDigest(*self.hasher.finalize().as_bytes())
     }
+}
+
+/// Hashes one file's contents from a path on disk via a memory map and blake3's rayon path (a big
+/// file's hash uses every core), refusing a file that is no longer `len` bytes long: the entry
+/// list already promised that size.
+pub fn hash_file_mmap(on_disk: &std::path::Path, len: u64) -> std::io::Result<ContentHash> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_mmap_rayon(on_disk)?;
+    let read = hasher.count();
+    if read != len {
+        return Err(std::io::Error::other(format!("file changed size while hashed: {len} then {read} bytes")));
+    }
+    Ok(ContentHash(*hasher.finalize().as_bytes()))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -272,6 +358,15 @@ pub enum DigestError {
         #[source]
         err: OrderError,
     },
+}
+
+/// Why an entry list could not be digested without reading files.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryListError {
+    #[error(transparent)]
+    Unordered(#[from] OrderError),
+    #[error("file entry {path} has no content hash — hash the tree (`hash_tree`) before digesting its entry list")]
+    Unhashed { path: String },
 }
 
 /// The one rule for symlinks in a context, shared by the walk (which refuses to address such a

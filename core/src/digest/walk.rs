@@ -9,7 +9,7 @@
 //! that are absolute or climb out of the root, and sockets, fifos and devices — unless ignored,
 //! since an ignored entry is not part of the context at all.
 
-use super::{DigestError, Entry, EntryKind, TreeDigest};
+use super::{DigestError, Entry, EntryKind, FileStat, TreeDigest};
 use crate::ignore::{go_clean, DockerIgnore};
 use rayon::prelude::*;
 use std::ffi::OsStr;
@@ -18,9 +18,6 @@ use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-
-pub use super::feed::digest_tree;
 
 /// Options of a walk: which Dockerfile path (relative to the root) is always kept, as Docker keeps
 /// it even when `.dockerignore` names it.
@@ -55,17 +52,54 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
     ignore.keep_always(&dockerfile);
 
-    let walker = Walker { root, ignore: &ignore, sink: Mutex::new(Vec::new()) };
-    super::io::blocking(|| walker.dir(Vec::new()))?;
-    let mut entries = walker.sink.into_inner().unwrap_or_else(|poisoned| poisoned.into_inner());
-    entries.par_sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing() };
+    let items = super::io::blocking(|| walker.dir(Vec::new()))?;
+    // Sized once: growing by doubling copied every entry again and again, and the fresh pages
+    // each copy touched were a third of a warm digest's page faults.
+    let mut entries = Vec::with_capacity(count(&items));
+    flatten(items, &mut entries);
     Ok(Tree { root: root.to_path_buf(), entries })
 }
 
-/// Walks and digests the context at `root` in one call.
+/// A directory's listing in canonical order: its own entries, and each subdirectory's listing
+/// placed where paths under it sort.
+///
+/// Each directory is sorted on its own, so no global sort is needed: within one directory every
+/// path shares the parent's prefix, and the paths under a subdirectory `a` all sort exactly where
+/// `a/` does among its siblings — after `a` itself and after `a-b` or `a.txt`, before `a0`. (A
+/// global sort of 20,000 entries by path was a fifth of a warm digest's CPU time.)
+enum Item {
+    Entry(Entry),
+    Subtree { key: Vec<u8>, items: Vec<Item> },
+}
+
+impl Item {
+    fn key(&self) -> &[u8] {
+        match self {
+            Item::Entry(e) => &e.path,
+            Item::Subtree { key, .. } => key,
+        }
+    }
+}
+
+fn count(items: &[Item]) -> usize {
+    items.iter().map(|item| if let Item::Subtree { items, .. } = item { count(items) } else { 1 }).sum()
+}
+
+fn flatten(items: Vec<Item>, out: &mut Vec<Entry>) {
+    for item in items {
+        match item {
+            Item::Entry(e) => out.push(e),
+            Item::Subtree { items, .. } => flatten(items, out),
+        }
+    }
+}
+
+/// Walks and digests the context at `root` in one call, reading every file; the returned tree's
+/// file entries carry their content hashes.
 pub fn digest_dir(root: &Path, opts: &WalkOptions) -> Result<(Tree, TreeDigest), DigestError> {
-    let tree = walk_tree(root, opts)?;
-    let digest = digest_tree(&tree)?;
+    let mut tree = walk_tree(root, opts)?;
+    let digest = super::hash_tree(&mut tree, None)?.digest;
     Ok((tree, digest))
 }
 
@@ -89,8 +123,8 @@ fn lossy(path: &[u8]) -> String {
 struct Walker<'a> {
     root: &'a Path,
     ignore: &'a DockerIgnore,
-    /// Each directory appends its entries once; the sort afterwards fixes the order.
-    sink: Mutex<Vec<Entry>>,
+    /// False when the `.dockerignore` excludes nothing, so no path needs matching.
+    matches: bool,
 }
 
 /// What one name in a directory turned out to be.
@@ -106,7 +140,8 @@ enum Found {
 }
 
 impl Walker<'_> {
-    fn dir(&self, rel: Vec<u8>) -> Result<(), DigestError> {
+    /// The listing of the directory at `rel` and everything under it, in canonical order.
+    fn dir(&self, rel: Vec<u8>) -> Result<Vec<Item>, DigestError> {
         let on_disk = self.on_disk(&rel);
         let shown: &[u8] = if rel.is_empty() { b"." } else { &rel };
         let read = fs::read_dir(&on_disk).map_err(|err| unreadable(self.root, shown, err))?;
@@ -120,27 +155,39 @@ impl Walker<'_> {
             names.iter().map(|d| self.classify(&rel, d)).collect()
         };
 
-        let mut entries = Vec::with_capacity(found.len());
+        let mut items = Vec::with_capacity(found.len());
         let mut subdirs = Vec::new();
         for f in found {
             match f? {
-                Found::Entry(e) => entries.push(e),
+                Found::Entry(e) => items.push(Item::Entry(e)),
                 Found::Dir { path, listed } => {
                     if listed {
-                        entries.push(Entry {
+                        items.push(Item::Entry(Entry {
                             path: path.clone(),
                             kind: EntryKind::Dir,
                             size: 0,
                             link_target: Vec::new(),
-                        });
+                            stat: None,
+                            hash: None,
+                        }));
                     }
                     subdirs.push(path);
                 }
                 Found::Skipped => {}
             }
         }
-        self.sink.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).append(&mut entries);
-        subdirs.into_par_iter().try_for_each(|sub| self.dir(sub))
+        let subtrees: Vec<Item> = subdirs
+            .into_par_iter()
+            .map(|sub| {
+                let items = self.dir(sub.clone())?;
+                let mut key = sub;
+                key.push(b'/');
+                Ok(Item::Subtree { key, items })
+            })
+            .collect::<Result<_, DigestError>>()?;
+        items.extend(subtrees);
+        items.sort_unstable_by(|a, b| a.key().cmp(b.key()));
+        Ok(items)
     }
 
     fn on_disk(&self, rel: &[u8]) -> PathBuf {
@@ -160,7 +207,7 @@ impl Walker<'_> {
         }
         path.extend_from_slice(name.as_bytes());
 
-        let excluded = self.ignore.is_excluded(&String::from_utf8_lossy(&path));
+        let excluded = self.matches && self.ignore.is_excluded(&String::from_utf8_lossy(&path));
         // `file_type` comes from the directory listing itself, so skipped names cost no `lstat`.
         let file_type = dirent.file_type().map_err(|err| unreadable(self.root, &path, err))?;
         if file_type.is_dir() {
@@ -179,7 +226,8 @@ impl Walker<'_> {
         if ft.is_file() {
             let executable = meta.permissions().mode() & 0o111 != 0;
             let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
-            return Ok(Found::Entry(Entry { path, kind, size: meta.len(), link_target: Vec::new() }));
+            let stat = Some(FileStat::of(&meta));
+            return Ok(Found::Entry(Entry { path, kind, size: meta.len(), link_target: Vec::new(), stat, hash: None }));
         }
         if ft.is_symlink() {
             let target = fs::read_link(dirent.path()).map_err(|err| unreadable(self.root, &path, err))?;
@@ -193,7 +241,8 @@ impl Walker<'_> {
                 });
             }
             let size = target.len() as u64;
-            return Ok(Found::Entry(Entry { path, kind: EntryKind::Symlink, size, link_target: target }));
+            let link = Entry { path, kind: EntryKind::Symlink, size, link_target: target, stat: None, hash: None };
+            return Ok(Found::Entry(link));
         }
         if ft.is_dir() {
             // Replaced by a directory since the listing was read: walk it as one.

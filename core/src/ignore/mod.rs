@@ -138,6 +138,12 @@ impl DockerIgnore {
         })
     }
 
+    /// True when no pattern can exclude anything (none, or only exceptions): the walk then skips
+    /// matching altogether, which on a 20,000-file context is a good part of its CPU time.
+    pub fn excludes_nothing(&self) -> bool {
+        self.patterns.iter().all(|p| p.exception)
+    }
+
     /// Whether any pattern is an exception (`!…`).
     pub fn has_exceptions(&self) -> bool {
         self.patterns.iter().any(|p| p.exception)
@@ -147,6 +153,15 @@ impl DockerIgnore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_plain_pattern_can_exclude() {
+        assert!(DockerIgnore::empty().excludes_nothing());
+        let mut kept = DockerIgnore::parse("!a\n# comment\n").unwrap();
+        kept.keep_always("Dockerfile");
+        assert!(kept.excludes_nothing());
+        assert!(!DockerIgnore::parse("!a\nb\n").unwrap().excludes_nothing());
+    }
 
     fn ignore(text: &str) -> DockerIgnore {
         DockerIgnore::parse(text).unwrap()

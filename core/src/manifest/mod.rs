@@ -274,7 +274,20 @@ impl BuiltImage {
 
     /// Walks the context: its entries and tree digest, the first input of the address.
     pub fn walk(&self) -> Result<(Tree, TreeDigest), AddressError> {
-        Ok(digest_dir(&self.context, &self.walk_options())?)
+        self.walk_with(None)
+    }
+
+    /// [`BuiltImage::walk`], taking unchanged files' hashes from the stat cache kept under
+    /// `stat_cache` (a directory; one file per context) when given.
+    pub fn walk_with(&self, stat_cache: Option<&Path>) -> Result<(Tree, TreeDigest), AddressError> {
+        match stat_cache {
+            Some(dir) => {
+                let file = crate::digest::cache_file_for(dir, &self.context);
+                let (tree, hashed, _) = crate::digest::digest_dir_cached(&self.context, &self.walk_options(), &file)?;
+                Ok((tree, hashed.digest))
+            }
+            None => Ok(digest_dir(&self.context, &self.walk_options())?),
+        }
     }
 }
 

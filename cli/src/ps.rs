@@ -120,7 +120,7 @@ pub fn ps_text(view: &PsView) -> String {
         }
         for t in &c.tasks {
             let state = match t.state.as_str() {
-                "queued" => format!("queued ({}, ~{} s)", ordinal(t.position), (t.wait_ms / 1000).max(1)),
+                "queued" => format!("queued ({}, ~{} s)", kiln_core::ordinal(t.position), (t.wait_ms / 1000).max(1)),
                 other => other.to_string(),
             };
             let agent = if t.agent.is_empty() { "-".to_string() } else { t.agent.clone() };
@@ -138,17 +138,6 @@ pub fn ps_text(view: &PsView) -> String {
     }
     out.push_str(&table(rows.into_iter(), ""));
     out
-}
-
-fn ordinal(n: u32) -> String {
-    let suffix = match (n % 10, n % 100) {
-        (_, 11..=13) => "th",
-        (1, _) => "st",
-        (2, _) => "nd",
-        (3, _) => "rd",
-        _ => "th",
-    };
-    format!("{n}{suffix}")
 }
 
 #[cfg(test)]

@@ -42,3 +42,25 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+/// A place in English: 1st, 2nd, 3rd, 4th … 11th, 12th, 13th, 21st — how the coordinator's events
+/// and `kiln ps` say a queued task's place.
+pub fn ordinal(n: u32) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+#[cfg(test)]
+mod ordinal_tests {
+    #[test]
+    fn teens_take_th() {
+        let words: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111].into_iter().map(super::ordinal).collect();
+        assert_eq!(words, ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]);
+    }
+}

@@ -44,18 +44,6 @@ pub(crate) fn owner(plan: &UpPlan) -> String {
     plan.team.clone().map_or_else(|| plan.requested_by.clone(), |team| format!("team:{team}"))
 }
 
-/// 1st, 2nd, 3rd, 4th … 11th, 12th, 13th, 21st.
-fn ordinal(n: u32) -> String {
-    let suffix = match (n % 10, n % 100) {
-        (_, 11..=13) => "th",
-        (1, _) => "st",
-        (2, _) => "nd",
-        (3, _) => "rd",
-        _ => "th",
-    };
-    format!("{n}{suffix}")
-}
-
 /// How long a converge waits for its client to upload the contexts it asked for.
 const UPLOAD_WAIT: Duration = Duration::from_secs(600);
 /// A ref gone from the host at its use is rebuilt and the use retried at most this often.
@@ -207,7 +195,7 @@ impl Engine {
         let platform = plan.platforms.first().cloned().unwrap_or_default();
         let needs = Needs { platform, required, exclude: lost.clone() };
         let on_queued = |position: u32, wait: Duration| {
-            let words = format!("queued ({}, ~{} s)", ordinal(position), wait.as_secs().max(1));
+            let words = format!("queued ({}, ~{} s)", kiln_core::ordinal(position), wait.as_secs().max(1));
             let kind = EventKind::Queued { position, wait_ms: wait.as_millis() as u64 };
             events.emit(kind, Some(name), words);
         };

@@ -76,7 +76,7 @@ fn rss_and_cpu() -> (f64, f64) {
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
     let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
     // After the command's `)`: state is field 0, utime 11, stime 12; 100 ticks per second.
-    ((rss), (ticks(11) + ticks(12)) / 100.0)
+    (rss, (ticks(11) + ticks(12)) / 100.0)
 }
 
 pub fn farm(args: &FarmArgs) -> Result<()> {

@@ -355,7 +355,7 @@ impl State {
         self.owners.retain(|o| queues.contains_key(o));
     }
 
-    /// Gives at most one of `owner`'s tasks a slot; answers the ones that can never have one.
+    /// Gives at most one of `owner`'s tasks a slot.
     fn place_one(&mut self, sched: &Arc<Scheduler>, owner: &str, affinity_wait: Duration) -> Placed {
         let Some(mut queue) = self.queues.remove(owner) else { return Placed { granted: false, waiting: false } };
         let mut placed = Placed { granted: false, waiting: false };
@@ -380,11 +380,6 @@ impl State {
                 })
                 .collect();
             let choice = placement::choose(&candidates, &w.needs, waited, affinity_wait, self.turn);
-            let any_eligible = candidates.iter().any(|c| {
-                let platform_ok =
-                    w.needs.platform.is_empty() || c.platforms.is_empty() || c.platforms.contains(&w.needs.platform);
-                platform_ok && w.needs.required.as_deref().is_none_or(|r| r == c.id)
-            });
             match choice {
                 Choice::On(at) => {
                     let id = ids[at].clone();
@@ -408,28 +403,11 @@ impl State {
                     placed.granted = true;
                     break;
                 }
-                Choice::WaitWarm | Choice::Wait if any_eligible => {
+                // Tasks no agent could ever run are answered by `refuse_unplaceable`, on the
+                // ticks and when an agent leaves — one place for that rule.
+                Choice::WaitWarm | Choice::Wait => {
                     placed.waiting = true;
                     i += 1;
-                }
-                Choice::WaitWarm | Choice::Wait => {
-                    let refuse = match &w.needs.required {
-                        Some(agent) => Some(Unplaceable::RequiredGone { agent: agent.clone() }),
-                        None if waited >= NO_AGENT_WAIT => {
-                            Some(Unplaceable::NoAgent { platform: w.needs.platform.clone() })
-                        }
-                        None => None,
-                    };
-                    match refuse {
-                        Some(why) => {
-                            let w = queue.remove(i).expect("index in range");
-                            let _ = w.grant.send(Err(why));
-                        }
-                        None => {
-                            placed.waiting = true;
-                            i += 1;
-                        }
-                    }
                 }
             }
         }

@@ -7,7 +7,7 @@ use crate::engine::{now_ms, Engine, Failure};
 use crate::events::{to_pb, Events};
 use crate::model::{ConvergeId, ConvergeState, EventKind, Owner};
 use crate::plan::UpPlan;
-use crate::store::StoreError;
+use crate::state::StateError;
 use crate::sweep::{sweep, SweepError, SweepOptions};
 use crate::trust::{Peer, Principal, Role};
 use kiln_core::refs::ImageRef;
@@ -86,10 +86,10 @@ fn writable(engine: &Engine, call: &str) -> Result<(), Status> {
     }
 }
 
-fn store_status(err: StoreError) -> Status {
+fn store_status(err: StateError) -> Status {
     match err {
-        StoreError::ConvergeRunning { .. } => Status::aborted(kiln_core::error_chain(&err)),
-        StoreError::UnknownConverge { .. } => Status::not_found(kiln_core::error_chain(&err)),
+        StateError::ConvergeRunning { .. } => Status::aborted(kiln_core::error_chain(&err)),
+        StateError::UnknownConverge { .. } => Status::not_found(kiln_core::error_chain(&err)),
         other => Status::internal(kiln_core::error_chain(&other)),
     }
 }

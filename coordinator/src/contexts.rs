@@ -6,7 +6,7 @@
 //! is stored, so nothing is ever built from it.
 
 use crate::model::ContextRow;
-use crate::store::Store;
+use crate::state::StateStore;
 use kiln_core::digest::TreeDigest;
 use kiln_proto::v1 as pb;
 use std::io::Read;
@@ -28,7 +28,7 @@ pub(crate) const UPLOAD_MESSAGE_MAX: usize = 2 << 20;
 /// The context files and their index.
 pub struct Contexts {
     dir: PathBuf,
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn StateStore>,
     arrived: Notify,
     /// Held while a context is collected and while an upload lands, so an upload that arrives
     /// just after its row was collected is never deleted with the old file.
@@ -54,7 +54,7 @@ impl Contexts {
     /// Opens the store in `dir`; with `clean_up`, removing what a coordinator killed mid-upload
     /// left behind: an `.upload-*` file is never a context, and no upload runs before the server
     /// starts (a read-only coordinator beside a running one must not clean up).
-    pub fn open(dir: PathBuf, store: Arc<dyn Store>, clean_up: bool) -> std::io::Result<Contexts> {
+    pub fn open(dir: PathBuf, store: Arc<dyn StateStore>, clean_up: bool) -> std::io::Result<Contexts> {
         std::fs::create_dir_all(&dir)?;
         let entries = if clean_up { std::fs::read_dir(&dir)?.collect() } else { Vec::new() };
         for entry in entries {
@@ -87,7 +87,7 @@ impl Contexts {
         keep: &std::collections::HashSet<String>,
         now_ms: u64,
         dry_run: bool,
-    ) -> Result<Collected, crate::store::StoreError> {
+    ) -> Result<Collected, crate::state::StateError> {
         let claims: std::collections::HashSet<String> =
             self.store.live_claims(now_ms).await?.into_iter().map(|c| c.reference).collect();
         let mut collected = Collected::default();

@@ -5,7 +5,7 @@
 //! inside a task's progress callback without reordering anything.
 
 use crate::model::{ConvergeId, Event, EventKind, Input, Reason};
-use crate::store::Store;
+use crate::state::StateStore;
 use kiln_proto::v1 as pb;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -32,7 +32,7 @@ pub struct Events {
 
 impl Events {
     /// Starts the writer; it ends when every `Events` clone is dropped and the queue is drained.
-    pub fn start(store: Arc<dyn Store>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
+    pub fn start(store: Arc<dyn StateStore>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
         Events::writer(Some(store), id, live)
     }
 
@@ -42,7 +42,7 @@ impl Events {
         Events::writer(None, id, live)
     }
 
-    fn writer(store: Option<Arc<dyn Store>>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
+    fn writer(store: Option<Arc<dyn StateStore>>, id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
         let (tx, mut rx) = mpsc::unbounded_channel::<Item>();
         let writer_id = id.clone();
         let writer = tokio::spawn(async move {

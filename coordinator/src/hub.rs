@@ -6,7 +6,7 @@
 //! [`TaskFailure::Lost`] naming it — the engine never waits on a dead agent.
 
 use crate::model::{AgentId, AgentRole, AgentRow};
-use crate::store::Store;
+use crate::state::StateStore;
 use kiln_proto::v1 as pb;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +28,7 @@ type Outbound = mpsc::Sender<Result<pb::CoordinatorMessage, Status>>;
 pub struct Hub {
     agents: Mutex<HashMap<String, Arc<AgentConn>>>,
     changed: Notify,
-    store: Arc<dyn Store>,
+    store: Arc<dyn StateStore>,
     heartbeat: Duration,
     lease: Duration,
     deadline: Duration,
@@ -247,7 +247,7 @@ impl AgentConn {
 impl Hub {
     /// `lease`: how long an agent may be silent; `deadline`: how long a task may show no sign of
     /// life; `affinity_wait`: how long a build waits for a warm agent.
-    pub fn new(store: Arc<dyn Store>, lease: Duration, deadline: Duration, affinity_wait: Duration) -> Hub {
+    pub fn new(store: Arc<dyn StateStore>, lease: Duration, deadline: Duration, affinity_wait: Duration) -> Hub {
         Hub {
             agents: Mutex::new(HashMap::new()),
             changed: Notify::new(),

@@ -3,7 +3,7 @@
 //! Where to start:
 //! - [`model`] — the coordinator's state as domain types: records by generation, converges and their
 //!   events, claims, agents, the context index, store inventories.
-//! - [`store`] — the [`store::Store`] trait every backend implements, and [`store::SqliteStore`], the
+//! - [`state`] — the [`state::StateStore`] trait every backend implements, and [`state::SqliteStore`], the
 //!   embedded default. Records are written by compare-and-set; one converge runs per instance.
 //!
 //! - [`serve`] — start here: opens the state, fails converges a crash left running, and serves
@@ -18,7 +18,7 @@
 
 pub mod kube;
 pub mod model;
-pub mod store;
+pub mod state;
 pub mod trust;
 
 mod address;

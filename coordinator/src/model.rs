@@ -1,5 +1,5 @@
 //! The coordinator's state as domain types: agents, records by generation, converges and their
-//! events, claims, the context index and store inventories. These are what the [`crate::store::Store`]
+//! events, claims, the context index and store inventories. These are what the [`crate::state::StateStore`]
 //! trait takes and returns, so no backend's types (SQLite rows, PostgreSQL rows) leak past it. The
 //! types stored as JSON (a record's images, an event's kind) derive serde; their field names are the
 //! stored format, so renaming one is a schema change.

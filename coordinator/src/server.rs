@@ -6,7 +6,7 @@ use crate::contexts::{ContentService, Contexts};
 use crate::engine::Engine;
 use crate::hub::{Hub, HubService};
 use crate::relay::{Relay, RelayService};
-use crate::store::leadership::{self, LeasePolicy, Lost};
+use crate::state::leadership::{self, LeasePolicy, Lost};
 use kiln_proto::v1 as pb;
 use std::future::Future;
 use std::path::PathBuf;
@@ -95,7 +95,7 @@ pub enum ServeError {
     State {
         dir: PathBuf,
         #[source]
-        err: crate::store::StoreError,
+        err: crate::state::StateError,
     },
     #[error("cannot create the context store in {dir}")]
     Contexts {
@@ -132,7 +132,7 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let dir = config.state_dir.clone();
     let state_err = |err| ServeError::State { dir: dir.clone(), err };
-    let store = crate::store::open(&dir, config.database.as_deref()).await.map_err(state_err)?;
+    let store = crate::state::open(&dir, config.database.as_deref()).await.map_err(state_err)?;
     // A read-only coordinator changes nothing, so it takes no lease: it serves beside the leader.
     let held = match config.read_only {
         true => None,

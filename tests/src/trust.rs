@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kiln_coordinator::model::{AgentRole, JoinRow, TokenRow};
-use kiln_coordinator::store::{SqliteStore, Store};
+use kiln_coordinator::state::{SqliteStore, StateStore};
 use kiln_coordinator::trust::{pki, tokens, Role};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -1,7 +1,7 @@
 //! Converges that must fail, and what they must leave behind: a record untouched, nothing built
 //! from bytes that do not match their digest, a converge cut short by a crash reported failed.
 
-use kiln_coordinator::store::{SqliteStore, Store};
+use kiln_coordinator::state::{SqliteStore, StateStore};
 use kiln_e2e::fixture::{reference, remove_built, unique, write};
 use kiln_e2e::wire::{self, up};
 use kiln_e2e::{docker, Farm};

@@ -130,7 +130,7 @@ async fn every_rpc_refuses_every_caller_its_rule_does_not_let_through() {
     let expired = farm.token("old", Role::Admin, None, Some(pki::now_ms() - 1)).await;
     let revoked = farm.token("gone", Role::Admin, None, None).await;
     let revoked_id = revoked.split('_').nth(1).unwrap().to_string();
-    use kiln_coordinator::store::Store;
+    use kiln_coordinator::state::StateStore;
     assert!(farm.store.revoke_token(&revoked_id, pki::now_ms()).await.unwrap());
     let (host_cert, host_key) = farm.enroll("host-1", AgentRole::Host, "", &tmp.path().join("host")).await;
     let (node_cert, node_key) = farm.enroll("node-1", AgentRole::Node, "prod", &tmp.path().join("node")).await;
@@ -219,7 +219,7 @@ struct Snapshot {
 }
 
 async fn snapshot(farm: &TrustedFarm, repo: &str) -> Snapshot {
-    use kiln_coordinator::store::Store;
+    use kiln_coordinator::state::StateStore;
     let records = farm.store.records().await.unwrap().into_iter().map(|(r, _)| (r.instance, r.generation.0)).collect();
     Snapshot {
         records,
@@ -359,7 +359,7 @@ async fn agents_are_who_their_certificates_say_and_nobody_else() {
     foreign.stop().await;
 
     // Revoked: refused from then on.
-    use kiln_coordinator::store::Store;
+    use kiln_coordinator::state::StateStore;
     farm.store.revoke_agent("host-1", pki::now_ms() + 1).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let mut revoked = pb::agent_hub_client::AgentHubClient::new(farm.agent_channel(&cert, &key));

@@ -142,8 +142,8 @@ async fn each_reason_is_typed_and_said_in_words() {
 
     // Held: built by a converge that never recorded it (the record is deleted, the image stays).
     let record_refs = [reference(&dir, "web"), reference(&dir, "worker")];
-    let store = kiln_coordinator::store::SqliteStore::open(farm.home.join("state/kiln.db")).unwrap();
-    use kiln_coordinator::store::Store;
+    let store = kiln_coordinator::state::SqliteStore::open(farm.home.join("state/kiln.db")).unwrap();
+    use kiln_coordinator::state::StateStore;
     let instance = std::fs::read_to_string(&manifest)
         .unwrap()
         .lines()
@@ -181,8 +181,8 @@ async fn a_dry_run_changes_nothing_anywhere() {
     };
     let images = || docker::images_named(reference(&dir, "web").split(':').next().unwrap());
     let (before_state, before_images) = (state(), images());
-    let store = kiln_coordinator::store::SqliteStore::open(farm.home.join("state/kiln.db")).unwrap();
-    use kiln_coordinator::store::Store;
+    let store = kiln_coordinator::state::SqliteStore::open(farm.home.join("state/kiln.db")).unwrap();
+    use kiln_coordinator::state::StateStore;
     let before_converges = store.converges(None, 100).await.unwrap().len();
     let before_record = store.records().await.unwrap();
 

@@ -8,7 +8,7 @@
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use kiln_coordinator::model::{AgentRole, AuditRow, JoinRow, TokenRow};
-use kiln_coordinator::store::{SqliteStore, Store};
+use kiln_coordinator::state::{SqliteStore, StateStore};
 use kiln_coordinator::trust::{pki, tokens, Role};
 use kiln_coordinator::Config;
 use std::path::{Path, PathBuf};

@@ -20,7 +20,7 @@ use crate::events::Events;
 use crate::hub::{AgentConn, Hub};
 use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
 use crate::plan::{BuildInputs, PlanImage, PlanKind, UpPlan};
-use crate::store::Store;
+use crate::state::StateStore;
 use crate::Config;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub const CONTEXT_CLAIM_PREFIX: &str = "kiln-context:";
 
 /// Everything a converge needs from the coordinator.
 pub struct Engine {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn StateStore>,
     pub hub: Arc<Hub>,
     pub contexts: Arc<Contexts>,
     /// Spools images on their way from a host agent to node agents.
@@ -112,7 +112,7 @@ pub(crate) fn ps(engine: &Engine) -> kiln_proto::v1::PsReply {
     pb::PsReply { converges, slots, busy }
 }
 
-fn store_failure(err: crate::store::StoreError) -> Failure {
+fn store_failure(err: crate::state::StateError) -> Failure {
     Failure::whole(kiln_core::error_chain(&err))
 }
 

@@ -30,7 +30,7 @@ use crate::engine::{now_ms, Engine};
 use crate::events::Events;
 use crate::hub::AgentConn;
 use crate::model::{ConvergeId, EventKind};
-use crate::store::StoreError;
+use crate::state::StateError;
 use report::{confirm, owner, restrict, target_text, Confirmed};
 
 /// What a sweep is asked to do besides the default (remove, report only the total).
@@ -67,7 +67,7 @@ pub(crate) enum SweepError {
     Roots {
         what: &'static str,
         #[source]
-        err: StoreError,
+        err: StateError,
     },
     /// The cluster's objects name images too; a sweep that cannot read them would guess.
     #[error("cannot read the sweep's Kubernetes roots, so nothing was removed")]

@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use super::pki::{self, Authority};
 use super::{tokens, Principal};
 use crate::model::{AgentRole, AuditRow};
-use crate::store::Store;
+use crate::state::StateStore;
 
 /// An agent id: what a host name may be, so it is safe in a URI and a log line.
 fn valid_agent_id(id: &str) -> bool {
@@ -20,7 +20,7 @@ fn valid_agent_id(id: &str) -> bool {
 
 #[derive(Clone)]
 pub struct EnrollService {
-    pub store: Arc<dyn Store>,
+    pub store: Arc<dyn StateStore>,
     /// `None` on a coordinator that does not verify callers (embedded, `--dev`): nothing to enroll in.
     pub authority: Option<Arc<Authority>>,
 }

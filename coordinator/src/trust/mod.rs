@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 
 use crate::model::AgentRole;
-use crate::store::Store;
+use crate::state::StateStore;
 
 /// A user's role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
@@ -214,7 +214,7 @@ type Revocations = (Option<Instant>, Vec<(String, u64)>);
 
 /// Resolves callers to principals against the state store.
 pub struct Verifier {
-    store: Arc<dyn Store>,
+    store: Arc<dyn StateStore>,
     tokens: Mutex<HashMap<String, (Instant, Option<Principal>)>>,
     revoked: Mutex<Revocations>,
 }
@@ -226,7 +226,7 @@ impl std::fmt::Debug for Verifier {
 }
 
 impl Verifier {
-    pub fn new(store: Arc<dyn Store>) -> Verifier {
+    pub fn new(store: Arc<dyn StateStore>) -> Verifier {
         Verifier { store, tokens: Mutex::new(HashMap::new()), revoked: Mutex::new((None, Vec::new())) }
     }
 

@@ -13,14 +13,14 @@ use deadpool_postgres::{GenericClient, Transaction};
 use tokio_postgres::Row;
 
 use super::{int, query_one, query_opt, uint, Ctx};
-use crate::store::{Leadership, StoreError};
+use crate::state::{Leadership, StateError};
 
 /// The lease's columns as a [`Leadership`]: expiry in ms on the database's clock.
 const LEASE: &str = "holder, addr, token, floor(extract(epoch FROM expires_at) * 1000)::bigint";
 
 /// Fails unless `held` (this handle's lease) is the farm's current one. A handle that never led
 /// may write only to a database no coordinator ever led (token 0): a lone coordinator, a test.
-pub(super) async fn fence(tx: &Transaction<'_>, held: Option<&Leadership>, what: &str) -> Result<(), StoreError> {
+pub(super) async fn fence(tx: &Transaction<'_>, held: Option<&Leadership>, what: &str) -> Result<(), StateError> {
     let row = query_one(
         tx,
         "SELECT token, CASE WHEN expires_at > clock_timestamp() THEN addr END FROM leader_lease FOR SHARE",
@@ -32,9 +32,9 @@ pub(super) async fn fence(tx: &Transaction<'_>, held: Option<&Leadership>, what:
     let active: Option<String> = row.get(1);
     match held {
         None if current == 0 => Ok(()),
-        None => Err(StoreError::NotLeader { active }),
+        None => Err(StateError::NotLeader { active }),
         Some(held) if held.token == current => Ok(()),
-        Some(held) => Err(StoreError::Fenced { holder: held.holder.clone(), token: held.token, current, active }),
+        Some(held) => Err(StateError::Fenced { holder: held.holder.clone(), token: held.token, current, active }),
     }
 }
 
@@ -44,7 +44,7 @@ pub(super) async fn acquire<C: GenericClient>(
     addr: &str,
     ttl: Duration,
     what: &str,
-) -> Result<Option<Leadership>, StoreError> {
+) -> Result<Option<Leadership>, StateError> {
     // Two standbys asking at once both wait on the row lock; the second re-reads the row the first
     // wrote, finds its lease live, and updates nothing.
     let sql = format!(
@@ -61,7 +61,7 @@ pub(super) async fn renew<C: GenericClient>(
     held: &Leadership,
     ttl: Duration,
     what: &str,
-) -> Result<Leadership, StoreError> {
+) -> Result<Leadership, StateError> {
     let sql = format!(
         "UPDATE leader_lease SET expires_at = clock_timestamp() + $2::bigint * interval '1 millisecond' \
          WHERE token = $1 RETURNING {LEASE}"
@@ -72,25 +72,25 @@ pub(super) async fn renew<C: GenericClient>(
     }
 }
 
-pub(super) async fn resign<C: GenericClient>(c: &C, held: &Leadership, what: &str) -> Result<(), StoreError> {
+pub(super) async fn resign<C: GenericClient>(c: &C, held: &Leadership, what: &str) -> Result<(), StateError> {
     let sql =
         "UPDATE leader_lease SET expires_at = clock_timestamp() WHERE token = $1 AND expires_at > clock_timestamp()";
     super::execute(c, sql, &[&int(held.token)]).await.ctx(what)?;
     Ok(())
 }
 
-pub(super) async fn current<C: GenericClient>(c: &C, what: &str) -> Result<Option<Leadership>, StoreError> {
+pub(super) async fn current<C: GenericClient>(c: &C, what: &str) -> Result<Option<Leadership>, StateError> {
     let sql = format!("SELECT {LEASE} FROM leader_lease WHERE token > 0 AND expires_at > clock_timestamp()");
     Ok(query_opt(c, &sql, &[]).await.ctx(what)?.as_ref().map(leadership))
 }
 
 /// The error for a lease whose token is no longer current, naming who leads now.
-async fn superseded<C: GenericClient>(c: &C, held: &Leadership, what: &str) -> Result<StoreError, StoreError> {
+async fn superseded<C: GenericClient>(c: &C, held: &Leadership, what: &str) -> Result<StateError, StateError> {
     let row =
         query_one(c, "SELECT token, CASE WHEN expires_at > clock_timestamp() THEN addr END FROM leader_lease", &[])
             .await
             .ctx(what)?;
-    Ok(StoreError::Fenced {
+    Ok(StateError::Fenced {
         holder: held.holder.clone(),
         token: held.token,
         current: uint(row.get(0)),

@@ -8,7 +8,7 @@
 //!
 //! Leadership is trivially held: one embedded coordinator serves the file (the CLI's home lock sees
 //! to that), so every acquisition succeeds with token 1 and nothing is ever fenced. The lease lives
-//! in memory only, for [`Store::current_leader`] to answer.
+//! in memory only, for [`StateStore::current_leader`] to answer.
 
 mod catalog;
 mod claims;
@@ -30,11 +30,11 @@ use crate::model::{
     AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
     Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
-use crate::store::{Clock, Leadership, Store, StoreError, SystemClock};
+use crate::state::{Clock, Leadership, StateStore, StateError, SystemClock};
 
 pub use migrations::SCHEMA_VERSION;
 
-/// How long a call waits for another process's write lock before failing with [`StoreError::Busy`].
+/// How long a call waits for another process's write lock before failing with [`StateError::Busy`].
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The coordinator's state in one SQLite file.
@@ -54,17 +54,17 @@ struct Inner {
 impl SqliteStore {
     /// Opens (creating it and its directory if needed) the database at `path` and migrates it to
     /// [`SCHEMA_VERSION`], stamping with the system clock.
-    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StateError> {
         SqliteStore::open_with_clock(path, Arc::new(SystemClock))
     }
 
     /// [`SqliteStore::open`] with the clock that stamps records, converges and events.
-    pub fn open_with_clock(path: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<SqliteStore, StoreError> {
+    pub fn open_with_clock(path: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<SqliteStore, StateError> {
         let path = path.as_ref().to_owned();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|err| StoreError::CreateDir { dir: dir.to_owned(), err })?;
+            std::fs::create_dir_all(dir).map_err(|err| StateError::CreateDir { dir: dir.to_owned(), err })?;
         }
-        let open_err = |err: rusqlite::Error| StoreError::Open { path: path.clone(), err: Box::new(err) };
+        let open_err = |err: rusqlite::Error| StateError::Open { path: path.clone(), err: Box::new(err) };
         let mut conn = Connection::open(&path).map_err(open_err)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
         // Off by default in SQLite; without it a claim or event could name a converge that is not there.
@@ -73,7 +73,7 @@ impl SqliteStore {
             conn.pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0)).map_err(open_err)?;
         if !mode.eq_ignore_ascii_case("wal") {
             let err = format!("the file system refused WAL mode (journal mode stays {mode})");
-            return Err(StoreError::Open { path, err: err.into() });
+            return Err(StateError::Open { path, err: err.into() });
         }
         let applied = migrations::migrate(&mut conn, &path, clock.now_ms())?;
         let leader = Mutex::new(None);
@@ -92,10 +92,10 @@ impl SqliteStore {
 
     /// Runs `f` on the blocking pool with the connection and the clock's now. `what` names the call
     /// in errors ("writing the record of instance shop").
-    async fn run<T, F>(&self, what: String, f: F) -> Result<T, StoreError>
+    async fn run<T, F>(&self, what: String, f: F) -> Result<T, StateError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection, u64) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&mut Connection, u64) -> Result<T, StateError> + Send + 'static,
     {
         let inner = Arc::clone(&self.inner);
         let worker_what = what.clone();
@@ -107,23 +107,23 @@ impl SqliteStore {
             f(&mut conn, now_ms)
         })
         .await
-        .map_err(|err| StoreError::Worker { what: worker_what, err })?;
+        .map_err(|err| StateError::Worker { what: worker_what, err })?;
         result.map_err(|err| self.name_busy(err))
     }
 
     /// A lock held by another process past the busy timeout is the one backend failure a user can
     /// act on, so it is told apart from the rest.
-    fn name_busy(&self, err: StoreError) -> StoreError {
+    fn name_busy(&self, err: StateError) -> StateError {
         match err {
-            StoreError::Backend { what, err } => {
+            StateError::Backend { what, err } => {
                 let busy = matches!(
                     err.downcast_ref::<rusqlite::Error>().and_then(rusqlite::Error::sqlite_error_code),
                     Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
                 );
                 if busy {
-                    StoreError::Busy { path: self.inner.path.clone(), what, err }
+                    StateError::Busy { path: self.inner.path.clone(), what, err }
                 } else {
-                    StoreError::Backend { what, err }
+                    StateError::Backend { what, err }
                 }
             }
             other => other,
@@ -139,40 +139,40 @@ impl fmt::Debug for SqliteStore {
 
 /// Names a rusqlite failure by what the call was doing.
 trait Ctx<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, StoreError>;
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, StateError>;
 }
 
 impl<T> Ctx<T> for rusqlite::Result<T> {
-    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, StoreError> {
-        self.map_err(|err| StoreError::Backend { what: what(), err: Box::new(err) })
+    fn ctx(self, what: impl FnOnce() -> String) -> Result<T, StateError> {
+        self.map_err(|err| StateError::Backend { what: what(), err: Box::new(err) })
     }
 }
 
 /// Decodes a JSON column, naming the row when it does not parse.
-fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|err| StoreError::Corrupt { what: row(), err: Box::new(err) })
+fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StateError> {
+    serde_json::from_str(json).map_err(|err| StateError::Corrupt { what: row(), err: Box::new(err) })
 }
 
-fn to_json<T: serde::Serialize>(value: &T, what: impl FnOnce() -> String) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|err| StoreError::Backend { what: what(), err: Box::new(err) })
+fn to_json<T: serde::Serialize>(value: &T, what: impl FnOnce() -> String) -> Result<String, StateError> {
+    serde_json::to_string(value).map_err(|err| StateError::Backend { what: what(), err: Box::new(err) })
 }
 
 #[async_trait]
-impl Store for SqliteStore {
-    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StoreError> {
+impl StateStore for SqliteStore {
+    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StateError> {
         self.run(format!("saving agent {}", agent.id), move |c, _| catalog::upsert_agent(c, &agent)).await
     }
 
-    async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
+    async fn agents(&self) -> Result<Vec<AgentRow>, StateError> {
         self.run("listing agents".into(), |c, _| catalog::agents(c)).await
     }
 
-    async fn record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+    async fn record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let instance = instance.to_owned();
         self.run(format!("reading the record of instance {instance}"), move |c, _| records::nth(c, &instance, 0)).await
     }
 
-    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let instance = instance.to_owned();
         self.run(format!("reading the previous record of instance {instance}"), move |c, _| {
             records::nth(c, &instance, 1)
@@ -180,7 +180,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StoreError> {
+    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StateError> {
         self.run("listing records".into(), |c, _| records::all(c)).await
     }
 
@@ -189,7 +189,7 @@ impl Store for SqliteStore {
         instance: &str,
         expected: Option<Generation>,
         images: Vec<RecordedImage>,
-    ) -> Result<Generation, StoreError> {
+    ) -> Result<Generation, StateError> {
         let instance = instance.to_owned();
         self.run(format!("writing the record of instance {instance}"), move |c, now| {
             records::write(c, now, &instance, expected, &images)
@@ -197,12 +197,12 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn delete_record(&self, instance: &str) -> Result<bool, StoreError> {
+    async fn delete_record(&self, instance: &str) -> Result<bool, StateError> {
         let instance = instance.to_owned();
         self.run(format!("deleting the record of instance {instance}"), move |c, _| records::delete(c, &instance)).await
     }
 
-    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StoreError> {
+    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StateError> {
         let (instance, requested_by) = (instance.to_owned(), requested_by.to_owned());
         self.run(format!("opening a converge of instance {instance}"), move |c, now| {
             converges::open(c, now, &instance, &requested_by)
@@ -216,7 +216,7 @@ impl Store for SqliteStore {
         kind: EventKind,
         image: Option<&str>,
         message: &str,
-    ) -> Result<Event, StoreError> {
+    ) -> Result<Event, StateError> {
         let (id, image, message) = (converge.clone(), image.map(str::to_owned), message.to_owned());
         self.run(format!("appending an event to converge {id}"), move |c, now| {
             converges::append_event(c, now, &id, kind, image, message)
@@ -228,7 +228,7 @@ impl Store for SqliteStore {
         &self,
         converge: &ConvergeId,
         events: Vec<(EventKind, Option<String>, String)>,
-    ) -> Result<Vec<Event>, StoreError> {
+    ) -> Result<Vec<Event>, StateError> {
         let id = converge.clone();
         self.run(format!("appending {} events to converge {id}", events.len()), move |c, now| {
             converges::append_events(c, now, &id, events)
@@ -236,22 +236,22 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
+    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StateError> {
         let id = converge.clone();
         self.run(format!("reading the events of converge {id}"), move |c, _| converges::events(c, &id, after_seq)).await
     }
 
-    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StoreError> {
+    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StateError> {
         let id = converge.clone();
         self.run(format!("finishing converge {id}"), move |c, now| converges::finish(c, now, &id, state)).await
     }
 
-    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StoreError> {
+    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
         let id = converge.clone();
         self.run(format!("reading converge {id}"), move |c, _| converges::get(c, &id)).await
     }
 
-    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError> {
+    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StateError> {
         let instance = instance.map(str::to_owned);
         let what = match &instance {
             Some(instance) => format!("listing the converges of instance {instance}"),
@@ -260,60 +260,60 @@ impl Store for SqliteStore {
         self.run(what, move |c, _| converges::list(c, instance.as_deref(), limit)).await
     }
 
-    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StoreError> {
+    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
         let reason = reason.to_owned();
         self.run("failing converges left running".into(), move |c, now| converges::fail_in_flight(c, now, &reason))
             .await
     }
 
-    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StoreError> {
+    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StateError> {
         let (id, refs) = (converge.clone(), refs.to_vec());
         self.run(format!("claiming refs for converge {id}"), move |c, _| claims::claim(c, &id, &refs, expires_ms)).await
     }
 
-    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError> {
+    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StateError> {
         let id = converge.clone();
         self.run(format!("renewing the claims of converge {id}"), move |c, _| claims::renew(c, &id, expires_ms)).await
     }
 
-    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StoreError> {
+    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StateError> {
         let id = converge.clone();
         self.run(format!("releasing the claims of converge {id}"), move |c, _| claims::release(c, &id)).await
     }
 
-    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
+    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StateError> {
         self.run("listing live claims".into(), move |c, _| claims::live(c, now_ms)).await
     }
 
-    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StoreError> {
+    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StateError> {
         let (reference, by) = (reference.to_owned(), pinned_by.to_owned());
         self.run(format!("pinning {reference}"), move |c, now| pins::pin(c, now, &reference, &by)).await
     }
 
-    async fn unpin(&self, reference: &str) -> Result<bool, StoreError> {
+    async fn unpin(&self, reference: &str) -> Result<bool, StateError> {
         let reference = reference.to_owned();
         self.run(format!("unpinning {reference}"), move |c, _| pins::unpin(c, &reference)).await
     }
 
-    async fn pins(&self) -> Result<Vec<Pin>, StoreError> {
+    async fn pins(&self) -> Result<Vec<Pin>, StateError> {
         self.run("listing pins".into(), |c, _| pins::all(c)).await
     }
 
-    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError> {
+    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StateError> {
         let digests = digests.to_vec();
         self.run("looking up contexts".into(), move |c, _| catalog::missing_contexts(c, &digests)).await
     }
 
-    async fn put_context(&self, context: ContextRow) -> Result<(), StoreError> {
+    async fn put_context(&self, context: ContextRow) -> Result<(), StateError> {
         self.run(format!("indexing context {}", context.digest), move |c, _| catalog::put_context(c, &context)).await
     }
 
-    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StoreError> {
+    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StateError> {
         let digest = digest.to_owned();
         self.run(format!("looking up context {digest}"), move |c, _| catalog::context(c, &digest)).await
     }
 
-    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StoreError> {
+    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StateError> {
         let reference = reference.to_owned();
         self.run(format!("looking up the converge that built {reference}"), move |c, _| {
             converges::builder_of(c, &reference)
@@ -321,11 +321,11 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn contexts(&self) -> Result<Vec<ContextRow>, StoreError> {
+    async fn contexts(&self) -> Result<Vec<ContextRow>, StateError> {
         self.run("listing contexts".into(), |c, _| catalog::contexts(c)).await
     }
 
-    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StateError> {
         let (digest, claim) = (digest.to_owned(), claim.to_owned());
         self.run(format!("collecting context {digest}"), move |c, _| {
             catalog::delete_context_unless_claimed(c, &digest, &claim, now_ms)
@@ -333,63 +333,63 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn put_token(&self, token: TokenRow) -> Result<(), StoreError> {
+    async fn put_token(&self, token: TokenRow) -> Result<(), StateError> {
         self.run(format!("saving token {}", token.id), move |c, _| trust::put_token(c, &token)).await
     }
 
-    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StoreError> {
+    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StateError> {
         let id = id.to_owned();
         self.run(format!("reading token {id}"), move |c, _| trust::token(c, &id)).await
     }
 
-    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StateError> {
         self.run("listing tokens".into(), |c, _| trust::tokens(c)).await
     }
 
-    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
         let id = id.to_owned();
         self.run(format!("revoking token {id}"), move |c, _| trust::revoke_token(c, &id, now_ms)).await
     }
 
-    async fn put_join(&self, join: JoinRow) -> Result<(), StoreError> {
+    async fn put_join(&self, join: JoinRow) -> Result<(), StateError> {
         self.run(format!("saving join token {}", join.id), move |c, _| trust::put_join(c, &join)).await
     }
 
-    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StoreError> {
+    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StateError> {
         let id = id.to_owned();
         self.run(format!("using join token {id}"), move |c, _| trust::use_join(c, &id, now_ms)).await
     }
 
-    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
         let id = id.to_owned();
         self.run(format!("revoking agent {id}"), move |c, _| trust::revoke_agent(c, &id, now_ms)).await
     }
 
-    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StateError> {
         self.run("listing revoked agents".into(), |c, _| trust::revoked_agents(c)).await
     }
 
-    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StoreError> {
+    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StateError> {
         let instance = instance.to_owned();
         self.run(format!("reading the owner of instance {instance}"), move |c, _| trust::own(c, &instance, &claim))
             .await
     }
 
-    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StoreError> {
+    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StateError> {
         let instance = instance.to_owned();
         self.run(format!("reading the owner of instance {instance}"), move |c, _| trust::owner(c, &instance)).await
     }
 
-    async fn append_audit(&self, entry: AuditRow) -> Result<(), StoreError> {
+    async fn append_audit(&self, entry: AuditRow) -> Result<(), StateError> {
         self.run("writing the audit log".into(), move |c, _| trust::append_audit(c, &entry)).await
     }
 
-    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StoreError> {
+    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StateError> {
         let actor = actor.map(str::to_owned);
         self.run("reading the audit log".into(), move |c, _| trust::audit(c, since_ms, actor.as_deref())).await
     }
 
-    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError> {
+    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StateError> {
         let store = store.to_owned();
         self.run(format!("saving the inventory of store {store}"), move |c, _| {
             catalog::put_inventory(c, &store, &listing_json, listed_ms)
@@ -397,7 +397,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError> {
+    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StateError> {
         let store = store.to_owned();
         self.run(format!("reading the inventory of store {store}"), move |c, _| catalog::inventory(c, &store)).await
     }
@@ -407,26 +407,26 @@ impl Store for SqliteStore {
         holder: &str,
         addr: &str,
         ttl: Duration,
-    ) -> Result<Option<Leadership>, StoreError> {
+    ) -> Result<Option<Leadership>, StateError> {
         let expires_ms = self.inner.clock.now_ms().saturating_add(ttl.as_millis() as u64);
         let leadership = Leadership { holder: holder.to_owned(), addr: addr.to_owned(), token: 1, expires_ms };
         *self.leader() = Some(leadership.clone());
         Ok(Some(leadership))
     }
 
-    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StoreError> {
+    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StateError> {
         let expires_ms = self.inner.clock.now_ms().saturating_add(ttl.as_millis() as u64);
         let renewed = Leadership { expires_ms, ..leadership.clone() };
         *self.leader() = Some(renewed.clone());
         Ok(renewed)
     }
 
-    async fn resign_leadership(&self, _leadership: &Leadership) -> Result<(), StoreError> {
+    async fn resign_leadership(&self, _leadership: &Leadership) -> Result<(), StateError> {
         *self.leader() = None;
         Ok(())
     }
 
-    async fn current_leader(&self) -> Result<Option<Leadership>, StoreError> {
+    async fn current_leader(&self) -> Result<Option<Leadership>, StateError> {
         Ok(self.leader().clone())
     }
 }

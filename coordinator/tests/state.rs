@@ -18,8 +18,8 @@ use kiln_coordinator::model::{
     AgentId, AgentRole, AgentRow, ContextRow, ConvergeId, ConvergeState, EventKind, Generation, RecordedImage,
     RecordedKind,
 };
-use kiln_coordinator::store::{
-    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, Store, StoreError, POSTGRES_SCHEMA_VERSION,
+use kiln_coordinator::state::{
+    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, StateStore, StateError, POSTGRES_SCHEMA_VERSION,
     SCHEMA_VERSION,
 };
 use kiln_e2e::postgres::{Database, Postgres};
@@ -47,12 +47,12 @@ impl Backend {
 
     /// A new handle on the test's database — a new connection (a new pool on PostgreSQL), as a
     /// restarted coordinator or a second one would have.
-    async fn open(&self, clock: &Arc<ManualClock>) -> Arc<dyn Store> {
+    async fn open(&self, clock: &Arc<ManualClock>) -> Arc<dyn StateStore> {
         self.try_open(clock).await.unwrap().0
     }
 
     /// [`Backend::open`], with the migrations the open applied.
-    async fn try_open(&self, clock: &Arc<ManualClock>) -> Result<(Arc<dyn Store>, Vec<u32>), StoreError> {
+    async fn try_open(&self, clock: &Arc<ManualClock>) -> Result<(Arc<dyn StateStore>, Vec<u32>), StateError> {
         Ok(match self {
             Backend::Sqlite { path, .. } => {
                 let store = SqliteStore::open_with_clock(path, clock.clone())?;
@@ -222,7 +222,7 @@ async fn a_newer_schema_is_refused_naming_the_database_and_both_versions(backend
 
     let err = backend.try_open(&clock()).await.map(|_| ()).unwrap_err();
     match &err {
-        StoreError::SchemaTooNew { database, found, known: k } => {
+        StateError::SchemaTooNew { database, found, known: k } => {
             assert_eq!((database.as_str(), *found, *k), (backend.name().as_str(), newer, known));
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
@@ -253,14 +253,14 @@ async fn a_stale_expected_generation_is_refused_and_changes_nothing(backend: Bac
 
     let stale = store.write_record("shop", Some(Generation(1)), vec![built("api", "shop-api:333333333333-amd64")]);
     match stale.await.unwrap_err() {
-        StoreError::RecordMoved { instance, expected, actual } => {
+        StateError::RecordMoved { instance, expected, actual } => {
             assert_eq!((instance.as_str(), expected, actual), ("shop", Some(Generation(1)), Some(Generation(2))));
         }
         other => panic!("expected RecordMoved, got {other:?}"),
     }
     // A converge that saw no record must not overwrite one written meanwhile either.
     let from_none = store.write_record("shop", None, vec![]).await.unwrap_err();
-    assert!(matches!(from_none, StoreError::RecordMoved { expected: None, actual: Some(Generation(2)), .. }));
+    assert!(matches!(from_none, StateError::RecordMoved { expected: None, actual: Some(Generation(2)), .. }));
     assert!(from_none.to_string().contains("instance shop"), "{from_none}");
 
     let current = store.record("shop").await.unwrap().unwrap();
@@ -307,7 +307,7 @@ async fn delete_removes_the_record_and_generations_never_repeat(backend: Backend
 
     // A converge that started from generation 2 before `kiln down` must not record over the deletion.
     let stale = store.write_record("shop", Some(Generation(2)), vec![]).await.unwrap_err();
-    assert!(matches!(stale, StoreError::RecordMoved { actual: None, .. }), "{stale:?}");
+    assert!(matches!(stale, StateError::RecordMoved { actual: None, .. }), "{stale:?}");
     assert_eq!(store.write_record("shop", None, vec![]).await.unwrap(), Generation(3));
 }
 
@@ -379,7 +379,7 @@ async fn a_second_converge_of_a_running_instance_is_refused_naming_the_running_o
 
     let err = store.open_converge("shop", "bo").await.unwrap_err();
     match &err {
-        StoreError::ConvergeRunning { instance, running } => {
+        StateError::ConvergeRunning { instance, running } => {
             assert_eq!((instance.as_str(), running), ("shop", &first.id));
         }
         other => panic!("expected ConvergeRunning, got {other:?}"),
@@ -397,8 +397,8 @@ async fn a_second_converge_of_a_running_instance_is_refused_naming_the_running_o
 async fn two_handles_never_both_record_or_both_run(backend: Backend) {
     // Two opens are two connections (two pools on PostgreSQL), as two `kiln` processes sharing
     // $KILN_HOME, or two coordinators sharing a farm's database, would have.
-    let a: Arc<dyn Store> = backend.open(&clock()).await;
-    let b: Arc<dyn Store> = backend.open(&clock()).await;
+    let a: Arc<dyn StateStore> = backend.open(&clock()).await;
+    let b: Arc<dyn StateStore> = backend.open(&clock()).await;
     a.write_record("shop", None, vec![]).await.unwrap();
 
     let mut writes = Vec::new();
@@ -416,7 +416,7 @@ async fn two_handles_never_both_record_or_both_run(backend: Backend) {
                 won += 1;
                 assert_eq!(generation, Generation(2));
             }
-            Err(StoreError::RecordMoved { actual: Some(Generation(2)), .. }) => {}
+            Err(StateError::RecordMoved { actual: Some(Generation(2)), .. }) => {}
             Err(other) => panic!("unexpected {other:?}"),
         }
     }
@@ -435,7 +435,7 @@ async fn two_handles_never_both_record_or_both_run(backend: Backend) {
             (Ok(winner), Err(loser)) | (Err(loser), Ok(winner)) => (winner, loser),
             (x, y) => panic!("exactly one converge of {instance} should open: {x:?} / {y:?}"),
         };
-        assert!(matches!(loser, StoreError::ConvergeRunning { ref running, .. } if *running == winner.id), "{loser:?}");
+        assert!(matches!(loser, StateError::ConvergeRunning { ref running, .. } if *running == winner.id), "{loser:?}");
         assert_eq!(a.converges(Some(&instance), 10).await.unwrap().len(), 1, "the loser left no converge behind");
     }
 }
@@ -470,11 +470,11 @@ async fn only_a_running_converge_may_claim(backend: Backend) {
 
     let late = store.claim(&converge.id, &refs(&["shop-api:1-amd64"]), u64::MAX >> 2).await.unwrap_err();
     assert!(
-        matches!(late, StoreError::ConvergeFinished { ref id, state: ConvergeState::Succeeded } if *id == converge.id)
+        matches!(late, StateError::ConvergeFinished { ref id, state: ConvergeState::Succeeded } if *id == converge.id)
     );
     let unknown = ConvergeId::from("nosuchconverge0");
     let err = store.claim(&unknown, &refs(&["x:1"]), 1).await.unwrap_err();
-    assert!(matches!(err, StoreError::UnknownConverge { ref id } if *id == unknown), "{err:?}");
+    assert!(matches!(err, StateError::UnknownConverge { ref id } if *id == unknown), "{err:?}");
     assert!(store.live_claims(0).await.unwrap().is_empty());
 }
 
@@ -482,10 +482,10 @@ async fn a_converge_finishes_once_and_never_as_running(backend: Backend) {
     let store = backend.open(&clock()).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     let err = store.finish_converge(&converge.id, ConvergeState::Running).await.unwrap_err();
-    assert!(matches!(err, StoreError::FinishAsRunning { .. }), "{err:?}");
+    assert!(matches!(err, StateError::FinishAsRunning { .. }), "{err:?}");
     store.finish_converge(&converge.id, ConvergeState::Failed { reason: "push refused".into() }).await.unwrap();
     let again = store.finish_converge(&converge.id, ConvergeState::Succeeded).await.unwrap_err();
-    assert!(matches!(again, StoreError::ConvergeFinished { state: ConvergeState::Failed { .. }, .. }), "{again:?}");
+    assert!(matches!(again, StateError::ConvergeFinished { state: ConvergeState::Failed { .. }, .. }), "{again:?}");
     let state = store.converge(&converge.id).await.unwrap().unwrap().state;
     assert_eq!(state, ConvergeState::Failed { reason: "push refused".into() });
 }
@@ -518,9 +518,9 @@ async fn events_come_back_in_seq_order_and_after_seq_resumes(backend: Backend) {
     assert!(store.events(&converge.id, Some(6)).await.unwrap().is_empty());
 
     let unknown = ConvergeId::from("nosuchconverge0");
-    assert!(matches!(store.events(&unknown, None).await, Err(StoreError::UnknownConverge { .. })));
+    assert!(matches!(store.events(&unknown, None).await, Err(StateError::UnknownConverge { .. })));
     let err = store.append_event(&unknown, EventKind::Note, None, "x").await.unwrap_err();
-    assert!(matches!(err, StoreError::UnknownConverge { .. }), "{err:?}");
+    assert!(matches!(err, StateError::UnknownConverge { .. }), "{err:?}");
 }
 
 async fn an_event_kind_written_by_a_newer_kiln_still_replays(backend: Backend) {
@@ -539,7 +539,7 @@ async fn an_event_kind_written_by_a_newer_kiln_still_replays(backend: Backend) {
 }
 
 async fn sixteen_concurrent_appends_get_distinct_gap_free_seqs(backend: Backend) {
-    let store: Arc<dyn Store> = backend.open(&clock()).await;
+    let store: Arc<dyn StateStore> = backend.open(&clock()).await;
     let converge = store.open_converge("shop", "ana").await.unwrap();
     let tasks: Vec<_> = (0..16)
         .map(|i| {
@@ -709,7 +709,7 @@ async fn leadership_is_always_held_on_sqlite() {
 /// Fencing, leases and connections: what only a farm's PostgreSQL store has.
 mod postgres_only {
     use super::*;
-    use kiln_coordinator::store::leadership::{lead, LeasePolicy, Lost};
+    use kiln_coordinator::state::leadership::{lead, LeasePolicy, Lost};
     use tokio::time::Instant;
 
     const A: &str = "10.0.0.1:7070";
@@ -720,7 +720,7 @@ mod postgres_only {
     const PATIENCE: Duration = Duration::from_secs(60);
 
     /// Asks for the lease until the database grants it.
-    async fn acquire_once_lapsed(store: &dyn Store, holder: &str, addr: &str) -> Leadership {
+    async fn acquire_once_lapsed(store: &dyn StateStore, holder: &str, addr: &str) -> Leadership {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(leadership) = store.try_acquire_leadership(holder, addr, LONG).await.unwrap() {
@@ -744,7 +744,7 @@ mod postgres_only {
         a.claim(&shop.id, &refs(&["shop-api:1-amd64"]), T0 + 30_000).await.unwrap();
         a.write_record("shop", None, vec![built("api", "shop-api:1-amd64")]).await.unwrap();
         let standby = b.write_record("shop", Some(Generation(1)), vec![]).await.unwrap_err();
-        assert!(matches!(standby, StoreError::NotLeader { active: Some(ref active) } if active == A), "{standby:?}");
+        assert!(matches!(standby, StateError::NotLeader { active: Some(ref active) } if active == A), "{standby:?}");
         assert!(standby.to_string().contains(A), "{standby}");
 
         // A's last renewal is short; then A renews no more (paused, partitioned), and B takes over.
@@ -755,7 +755,7 @@ mod postgres_only {
         let fenced =
             a.write_record("shop", Some(Generation(1)), vec![built("api", "shop-api:2-amd64")]).await.unwrap_err();
         match &fenced {
-            StoreError::Fenced { holder, token, current, active } => {
+            StateError::Fenced { holder, token, current, active } => {
                 assert_eq!(
                     (holder.as_str(), *token, *current, active.as_deref()),
                     ("coord-a", la.token, lb.token, Some(B))
@@ -789,7 +789,7 @@ mod postgres_only {
             a.renew_leadership(&la, LONG).await.map(drop),
         ];
         for (i, result) in refused.iter().enumerate() {
-            assert!(matches!(result, Err(StoreError::Fenced { .. })), "write {i}: {result:?}");
+            assert!(matches!(result, Err(StateError::Fenced { .. })), "write {i}: {result:?}");
         }
 
         // Nothing A tried landed: B finds the state as A left it when it lost the lease.
@@ -829,7 +829,7 @@ mod postgres_only {
         let lb = b.try_acquire_leadership("coord-b", B, LONG).await.unwrap().expect("no TTL to wait out");
         assert_eq!(lb.token, la.token + 1);
         let err = a.open_converge("shop", "ana").await.unwrap_err();
-        assert!(matches!(err, StoreError::NotLeader { active: Some(ref active) } if active == B), "{err:?}");
+        assert!(matches!(err, StateError::NotLeader { active: Some(ref active) } if active == B), "{err:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -942,7 +942,7 @@ mod postgres_only {
     async fn an_unreachable_database_is_named_without_its_password() {
         // Port 1 on loopback: nothing listens there.
         let err = PostgresStore::connect("postgres://kiln:s3cret@127.0.0.1:1/farm").await.unwrap_err();
-        assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
+        assert!(matches!(err, StateError::Unreachable { .. }), "{err:?}");
         let chain = kiln_core::error_chain(&err);
         assert!(chain.contains("postgres://kiln@127.0.0.1:1/farm") && !chain.contains("s3cret"), "{chain}");
     }
@@ -950,7 +950,7 @@ mod postgres_only {
     #[tokio::test]
     async fn a_malformed_url_is_refused_without_echoing_it() {
         let err = PostgresStore::connect("postgres://kiln:s3cret@127.0.0.1:notaport/farm").await.unwrap_err();
-        assert!(matches!(err, StoreError::DatabaseUrl { .. }), "{err:?}");
+        assert!(matches!(err, StateError::DatabaseUrl { .. }), "{err:?}");
         let chain = kiln_core::error_chain(&err);
         assert!(!chain.contains("s3cret") && chain.contains("--state"), "{chain}");
     }
@@ -964,13 +964,13 @@ mod postgres_only {
 #[ignore = "a measurement: run it explicitly"]
 async fn latency_of_key_calls() {
     let dir = tempfile::tempdir().unwrap();
-    let sqlite: Arc<dyn Store> = Arc::new(SqliteStore::open(dir.path().join("kiln.db")).unwrap());
+    let sqlite: Arc<dyn StateStore> = Arc::new(SqliteStore::open(dir.path().join("kiln.db")).unwrap());
     let cluster = Postgres::start_durable();
     let db = cluster.create_database().await;
-    let postgres: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
+    let postgres: Arc<dyn StateStore> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
     // The same on the test cluster (fsync off): what the round trips and the locks cost alone.
     let db = Postgres::shared().create_database().await;
-    let unsynced: Arc<dyn Store> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
+    let unsynced: Arc<dyn StateStore> = Arc::new(PostgresStore::connect(&db.url).await.unwrap());
     for (name, store) in [("sqlite", sqlite), ("postgres", postgres), ("postgres, fsync off", unsynced)] {
         store.try_acquire_leadership("bench", "127.0.0.1:0", Duration::from_secs(600)).await.unwrap().unwrap();
         const N: usize = 1000;

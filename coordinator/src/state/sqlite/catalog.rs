@@ -5,9 +5,9 @@ use rusqlite::{Connection, OptionalExtension};
 
 use super::{from_json, to_json, Ctx};
 use crate::model::{AgentId, AgentRole, AgentRow, ContextRow, Inventory};
-use crate::store::StoreError;
+use crate::state::StateError;
 
-pub(super) fn upsert_agent(conn: &mut Connection, agent: &AgentRow) -> Result<(), StoreError> {
+pub(super) fn upsert_agent(conn: &mut Connection, agent: &AgentRow) -> Result<(), StateError> {
     let what = || format!("saving agent {}", agent.id);
     let stores = to_json(&agent.stores, what)?;
     let platforms = to_json(&agent.platforms, what)?;
@@ -21,7 +21,7 @@ pub(super) fn upsert_agent(conn: &mut Connection, agent: &AgentRow) -> Result<()
     Ok(())
 }
 
-pub(super) fn agents(conn: &mut Connection) -> Result<Vec<AgentRow>, StoreError> {
+pub(super) fn agents(conn: &mut Connection) -> Result<Vec<AgentRow>, StateError> {
     let what = || "listing agents".to_owned();
     let mut stmt =
         conn.prepare("SELECT id, role, stores, platforms, version, last_seen_ms FROM agents ORDER BY id").ctx(what)?;
@@ -42,7 +42,7 @@ pub(super) fn agents(conn: &mut Connection) -> Result<Vec<AgentRow>, StoreError>
     rows.into_iter()
         .map(|(id, role, stores, platforms, version, last_seen_ms)| {
             let row_name = || format!("agent {id}");
-            let role = AgentRole::from_name(&role).ok_or_else(|| StoreError::Corrupt {
+            let role = AgentRole::from_name(&role).ok_or_else(|| StateError::Corrupt {
                 what: row_name(),
                 err: format!("role {role:?} is not host, node or both").into(),
             })?;
@@ -53,7 +53,7 @@ pub(super) fn agents(conn: &mut Connection) -> Result<Vec<AgentRow>, StoreError>
         .collect()
 }
 
-pub(super) fn missing_contexts(conn: &mut Connection, digests: &[String]) -> Result<Vec<String>, StoreError> {
+pub(super) fn missing_contexts(conn: &mut Connection, digests: &[String]) -> Result<Vec<String>, StateError> {
     let what = || "looking up contexts".to_owned();
     let mut stmt = conn.prepare_cached("SELECT 1 FROM contexts WHERE digest = ?1").ctx(what)?;
     let mut missing: Vec<String> = Vec::new();
@@ -68,7 +68,7 @@ pub(super) fn missing_contexts(conn: &mut Connection, digests: &[String]) -> Res
     Ok(missing)
 }
 
-pub(super) fn put_context(conn: &mut Connection, context: &ContextRow) -> Result<(), StoreError> {
+pub(super) fn put_context(conn: &mut Connection, context: &ContextRow) -> Result<(), StateError> {
     let what = || format!("indexing context {}", context.digest);
     conn.execute(
         "INSERT INTO contexts (digest, bytes, stored_at_ms) VALUES (?1, ?2, ?3) \
@@ -79,7 +79,7 @@ pub(super) fn put_context(conn: &mut Connection, context: &ContextRow) -> Result
     Ok(())
 }
 
-pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<ContextRow>, StoreError> {
+pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<ContextRow>, StateError> {
     let what = || format!("looking up context {digest}");
     conn.query_row("SELECT digest, bytes, stored_at_ms FROM contexts WHERE digest = ?1", [digest], |row| {
         Ok(ContextRow { digest: row.get(0)?, bytes: row.get(1)?, stored_at_ms: row.get(2)? })
@@ -88,7 +88,7 @@ pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<Cont
     .ctx(what)
 }
 
-pub(super) fn contexts(conn: &mut Connection) -> Result<Vec<ContextRow>, StoreError> {
+pub(super) fn contexts(conn: &mut Connection) -> Result<Vec<ContextRow>, StateError> {
     let what = || "listing contexts".to_owned();
     let mut stmt = conn.prepare("SELECT digest, bytes, stored_at_ms FROM contexts ORDER BY digest").ctx(what)?;
     let rows = stmt
@@ -107,7 +107,7 @@ pub(super) fn delete_context_unless_claimed(
     digest: &str,
     claim: &str,
     now_ms: u64,
-) -> Result<bool, StoreError> {
+) -> Result<bool, StateError> {
     let what = || format!("collecting context {digest}");
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).ctx(what)?;
     let claimed: bool = tx
@@ -130,7 +130,7 @@ pub(super) fn put_inventory(
     store: &str,
     listing: &str,
     listed_ms: u64,
-) -> Result<(), StoreError> {
+) -> Result<(), StateError> {
     let what = || format!("saving the inventory of store {store}");
     conn.execute(
         "INSERT INTO inventories (store, listing, listed_ms) VALUES (?1, ?2, ?3) \
@@ -141,7 +141,7 @@ pub(super) fn put_inventory(
     Ok(())
 }
 
-pub(super) fn inventory(conn: &mut Connection, store: &str) -> Result<Option<Inventory>, StoreError> {
+pub(super) fn inventory(conn: &mut Connection, store: &str) -> Result<Option<Inventory>, StateError> {
     let what = || format!("reading the inventory of store {store}");
     conn.query_row("SELECT store, listing, listed_ms FROM inventories WHERE store = ?1", [store], |row| {
         Ok(Inventory { store: row.get(0)?, listing_json: row.get(1)?, listed_at_ms: row.get(2)? })

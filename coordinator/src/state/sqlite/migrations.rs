@@ -10,7 +10,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, TransactionBehavior};
 
-use crate::store::StoreError;
+use crate::state::StateError;
 
 /// Versions in order, starting at 1, never edited once released: a change is a new entry.
 const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2), (3, V3)];
@@ -146,8 +146,8 @@ CREATE INDEX audit_by_time ON audit (at_ms);
 "#;
 
 /// Brings the database to [`SCHEMA_VERSION`]; returns the versions this call applied.
-pub(super) fn migrate(conn: &mut Connection, path: &Path, now_ms: u64) -> Result<Vec<u32>, StoreError> {
-    let open_err = |err: rusqlite::Error| StoreError::Open { path: path.to_owned(), err: Box::new(err) };
+pub(super) fn migrate(conn: &mut Connection, path: &Path, now_ms: u64) -> Result<Vec<u32>, StateError> {
+    let open_err = |err: rusqlite::Error| StateError::Open { path: path.to_owned(), err: Box::new(err) };
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
     )
@@ -161,12 +161,12 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path, now_ms: u64) -> Result
         let current = current_version(&tx).map_err(open_err)?;
         if current > SCHEMA_VERSION {
             let database = path.display().to_string();
-            return Err(StoreError::SchemaTooNew { database, found: current, known: SCHEMA_VERSION });
+            return Err(StateError::SchemaTooNew { database, found: current, known: SCHEMA_VERSION });
         }
         if current >= version {
             continue;
         }
-        let migrate_err = |err: rusqlite::Error| StoreError::Migrate {
+        let migrate_err = |err: rusqlite::Error| StateError::Migrate {
             database: path.display().to_string(),
             version,
             from: current,

@@ -6,14 +6,14 @@ use tokio_postgres::Row;
 
 use super::{execute, int, query, query_opt, uint, Ctx};
 use crate::model::{AgentRole, AuditRow, JoinRow, Owner, TokenRow};
-use crate::store::StoreError;
+use crate::state::StateError;
 use crate::trust::Role;
 
 fn opt_uint(value: Option<i64>) -> Option<u64> {
     value.map(uint)
 }
 
-pub(super) async fn put_token(tx: &Transaction<'_>, t: &TokenRow, what: &str) -> Result<(), StoreError> {
+pub(super) async fn put_token(tx: &Transaction<'_>, t: &TokenRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO tokens (id, hash, user_name, role, team, created_ms, expires_ms, revoked_ms) \
@@ -50,24 +50,24 @@ fn token_row(row: &Row) -> TokenRow {
 
 const TOKEN_COLUMNS: &str = "id, hash, user_name, role, team, created_ms, expires_ms, revoked_ms";
 
-pub(super) async fn token<C: GenericClient>(c: &C, id: &str, what: &str) -> Result<Option<TokenRow>, StoreError> {
+pub(super) async fn token<C: GenericClient>(c: &C, id: &str, what: &str) -> Result<Option<TokenRow>, StateError> {
     let row = query_opt(c, &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = $1"), &[&id]).await.ctx(what)?;
     Ok(row.as_ref().map(token_row))
 }
 
-pub(super) async fn tokens<C: GenericClient>(c: &C, what: &str) -> Result<Vec<TokenRow>, StoreError> {
+pub(super) async fn tokens<C: GenericClient>(c: &C, what: &str) -> Result<Vec<TokenRow>, StateError> {
     let rows = query(c, &format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_ms, id"), &[]).await.ctx(what)?;
     Ok(rows.iter().map(token_row).collect())
 }
 
-pub(super) async fn revoke_token(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<bool, StoreError> {
+pub(super) async fn revoke_token(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<bool, StateError> {
     let n = execute(tx, "UPDATE tokens SET revoked_ms = $2 WHERE id = $1 AND revoked_ms IS NULL", &[&id, &int(now_ms)])
         .await
         .ctx(what)?;
     Ok(n == 1)
 }
 
-pub(super) async fn put_join(tx: &Transaction<'_>, j: &JoinRow, what: &str) -> Result<(), StoreError> {
+pub(super) async fn put_join(tx: &Transaction<'_>, j: &JoinRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO join_tokens (id, hash, role, cluster, created_ms, expires_ms, used_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -85,7 +85,7 @@ pub(super) async fn use_join(
     id: &str,
     now_ms: u64,
     what: &str,
-) -> Result<Option<JoinRow>, StoreError> {
+) -> Result<Option<JoinRow>, StateError> {
     let row = query_opt(
         tx,
         "SELECT id, hash, role, cluster, created_ms, expires_ms, used_ms FROM join_tokens WHERE id = $1 FOR UPDATE",
@@ -110,7 +110,7 @@ pub(super) async fn use_join(
     Ok(Some(join))
 }
 
-pub(super) async fn revoke_agent(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<bool, StoreError> {
+pub(super) async fn revoke_agent(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<bool, StateError> {
     let n = execute(
         tx,
         "INSERT INTO revoked_agents (id, revoked_ms) VALUES ($1, $2) \
@@ -122,12 +122,12 @@ pub(super) async fn revoke_agent(tx: &Transaction<'_>, id: &str, now_ms: u64, wh
     Ok(n == 1)
 }
 
-pub(super) async fn revoked_agents<C: GenericClient>(c: &C, what: &str) -> Result<Vec<(String, u64)>, StoreError> {
+pub(super) async fn revoked_agents<C: GenericClient>(c: &C, what: &str) -> Result<Vec<(String, u64)>, StateError> {
     let rows = query(c, "SELECT id, revoked_ms FROM revoked_agents ORDER BY id", &[]).await.ctx(what)?;
     Ok(rows.iter().map(|r| (r.get(0), uint(r.get(1)))).collect())
 }
 
-pub(super) async fn own(tx: &Transaction<'_>, instance: &str, claim: &Owner, what: &str) -> Result<Owner, StoreError> {
+pub(super) async fn own(tx: &Transaction<'_>, instance: &str, claim: &Owner, what: &str) -> Result<Owner, StateError> {
     execute(
         tx,
         "INSERT INTO owners (instance, team, user_name) VALUES ($1, $2, $3) ON CONFLICT (instance) DO NOTHING",
@@ -139,12 +139,12 @@ pub(super) async fn own(tx: &Transaction<'_>, instance: &str, claim: &Owner, wha
     Ok(row.map_or_else(|| claim.clone(), |r| Owner { team: r.get(0), user: r.get(1) }))
 }
 
-pub(super) async fn owner<C: GenericClient>(c: &C, instance: &str, what: &str) -> Result<Option<Owner>, StoreError> {
+pub(super) async fn owner<C: GenericClient>(c: &C, instance: &str, what: &str) -> Result<Option<Owner>, StateError> {
     let row = query_opt(c, "SELECT team, user_name FROM owners WHERE instance = $1", &[&instance]).await.ctx(what)?;
     Ok(row.map(|r| Owner { team: r.get(0), user: r.get(1) }))
 }
 
-pub(super) async fn append_audit(tx: &Transaction<'_>, a: &AuditRow, what: &str) -> Result<(), StoreError> {
+pub(super) async fn append_audit(tx: &Transaction<'_>, a: &AuditRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO audit (at_ms, actor, action, target, address, outcome) VALUES ($1, $2, $3, $4, $5, $6)",
@@ -160,7 +160,7 @@ pub(super) async fn audit<C: GenericClient>(
     since_ms: u64,
     actor: Option<&str>,
     what: &str,
-) -> Result<Vec<AuditRow>, StoreError> {
+) -> Result<Vec<AuditRow>, StateError> {
     let rows = query(
         c,
         "SELECT at_ms, actor, action, target, address, outcome FROM audit \

@@ -59,7 +59,7 @@ use crate::model::{
     AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
     Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
-use crate::store::{Clock, Leadership, Store, StoreError, SystemClock};
+use crate::state::{Clock, Leadership, StateStore, StateError, SystemClock};
 
 pub use migrations::SCHEMA_VERSION;
 
@@ -88,14 +88,14 @@ impl PostgresStore {
     /// Connects to the database at `url` (`postgres://user:password@host:port/database`, or
     /// libpq's `key=value` form) and migrates it to [`SCHEMA_VERSION`], stamping with the system
     /// clock.
-    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+    pub async fn connect(url: &str) -> Result<PostgresStore, StateError> {
         PostgresStore::connect_with_clock(url, Arc::new(SystemClock)).await
     }
 
     /// [`PostgresStore::connect`] with the clock that stamps records, converges and events.
-    pub async fn connect_with_clock(url: &str, clock: Arc<dyn Clock>) -> Result<PostgresStore, StoreError> {
+    pub async fn connect_with_clock(url: &str, clock: Arc<dyn Clock>) -> Result<PostgresStore, StateError> {
         let mut config: tokio_postgres::Config =
-            url.parse().map_err(|err| StoreError::DatabaseUrl { err: Box::new(err) })?;
+            url.parse().map_err(|err| StateError::DatabaseUrl { err: Box::new(err) })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -113,7 +113,7 @@ impl PostgresStore {
             .wait_timeout(Some(CONNECT_TIMEOUT))
             .create_timeout(Some(CONNECT_TIMEOUT))
             .build()
-            .map_err(|err| StoreError::Unreachable {
+            .map_err(|err| StateError::Unreachable {
                 database: database.clone(),
                 what: "opening the store".into(),
                 err: Box::new(err),
@@ -139,13 +139,13 @@ impl PostgresStore {
         self.inner.clock.now_ms()
     }
 
-    async fn client(&self, what: &str) -> Result<Object, StoreError> {
+    async fn client(&self, what: &str) -> Result<Object, StateError> {
         get(&self.inner.pool, &self.inner.database, what).await
     }
 
     /// Opens a write transaction on `client`, fenced: it fails unless this handle's lease token is
     /// still the farm's current one (or the farm has never had a leader and this handle claims none).
-    async fn write<'c>(&self, client: &'c mut Object, what: &str) -> Result<Transaction<'c>, StoreError> {
+    async fn write<'c>(&self, client: &'c mut Object, what: &str) -> Result<Transaction<'c>, StateError> {
         let tx = client.transaction().await.ctx(what)?;
         let held = self.held();
         lease::fence(&tx, held.as_ref(), what).await?;
@@ -161,8 +161,8 @@ impl PostgresStore {
     }
 }
 
-async fn get(pool: &Pool, database: &str, what: &str) -> Result<Object, StoreError> {
-    pool.get().await.map_err(|err| StoreError::Unreachable {
+async fn get(pool: &Pool, database: &str, what: &str) -> Result<Object, StateError> {
+    pool.get().await.map_err(|err| StateError::Unreachable {
         database: database.to_owned(),
         what: what.to_owned(),
         err: Box::new(err),
@@ -197,12 +197,12 @@ impl fmt::Debug for PostgresStore {
 
 /// Names a PostgreSQL failure by what the call was doing.
 trait Ctx<T> {
-    fn ctx(self, what: &str) -> Result<T, StoreError>;
+    fn ctx(self, what: &str) -> Result<T, StateError>;
 }
 
 impl<T> Ctx<T> for Result<T, tokio_postgres::Error> {
-    fn ctx(self, what: &str) -> Result<T, StoreError> {
-        self.map_err(|err| StoreError::Backend { what: what.to_owned(), err: Box::new(err) })
+    fn ctx(self, what: &str) -> Result<T, StateError> {
+        self.map_err(|err| StateError::Backend { what: what.to_owned(), err: Box::new(err) })
     }
 }
 
@@ -244,17 +244,17 @@ fn uint(value: i64) -> u64 {
 }
 
 /// Decodes a JSON column (read as text), naming the row when it does not parse.
-fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StoreError> {
-    serde_json::from_str(json).map_err(|err| StoreError::Corrupt { what: row(), err: Box::new(err) })
+fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StateError> {
+    serde_json::from_str(json).map_err(|err| StateError::Corrupt { what: row(), err: Box::new(err) })
 }
 
-fn to_json<T: serde::Serialize>(value: &T, what: &str) -> Result<String, StoreError> {
-    serde_json::to_string(value).map_err(|err| StoreError::Backend { what: what.to_owned(), err: Box::new(err) })
+fn to_json<T: serde::Serialize>(value: &T, what: &str) -> Result<String, StateError> {
+    serde_json::to_string(value).map_err(|err| StateError::Backend { what: what.to_owned(), err: Box::new(err) })
 }
 
 #[async_trait]
-impl Store for PostgresStore {
-    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StoreError> {
+impl StateStore for PostgresStore {
+    async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StateError> {
         let what = format!("saving agent {}", agent.id);
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -262,22 +262,22 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn agents(&self) -> Result<Vec<AgentRow>, StoreError> {
+    async fn agents(&self) -> Result<Vec<AgentRow>, StateError> {
         let what = "listing agents";
         catalog::agents(&self.client(what).await?, what).await
     }
 
-    async fn record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+    async fn record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let what = format!("reading the record of instance {instance}");
         records::nth(&self.client(&what).await?, instance, 0, &what).await
     }
 
-    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StoreError> {
+    async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let what = format!("reading the previous record of instance {instance}");
         records::nth(&self.client(&what).await?, instance, 1, &what).await
     }
 
-    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StoreError> {
+    async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StateError> {
         let what = "listing records";
         records::all(&self.client(what).await?, what).await
     }
@@ -287,7 +287,7 @@ impl Store for PostgresStore {
         instance: &str,
         expected: Option<Generation>,
         images: Vec<RecordedImage>,
-    ) -> Result<Generation, StoreError> {
+    ) -> Result<Generation, StateError> {
         let what = format!("writing the record of instance {instance}");
         let images = to_json(&images, &what)?;
         let mut client = self.client(&what).await?;
@@ -297,7 +297,7 @@ impl Store for PostgresStore {
         Ok(generation)
     }
 
-    async fn delete_record(&self, instance: &str) -> Result<bool, StoreError> {
+    async fn delete_record(&self, instance: &str) -> Result<bool, StateError> {
         let what = format!("deleting the record of instance {instance}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -306,7 +306,7 @@ impl Store for PostgresStore {
         Ok(deleted)
     }
 
-    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StoreError> {
+    async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StateError> {
         let what = format!("opening a converge of instance {instance}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -321,7 +321,7 @@ impl Store for PostgresStore {
         kind: EventKind,
         image: Option<&str>,
         message: &str,
-    ) -> Result<Event, StoreError> {
+    ) -> Result<Event, StateError> {
         let what = format!("appending an event to converge {converge}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -330,15 +330,15 @@ impl Store for PostgresStore {
         Ok(event)
     }
 
-    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
+    async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StateError> {
         let what = format!("reading the events of converge {converge}");
         converges::events(&self.client(&what).await?, converge, after_seq, &what).await
     }
 
-    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StoreError> {
+    async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StateError> {
         let what = format!("finishing converge {converge}");
         if state == ConvergeState::Running {
-            return Err(StoreError::FinishAsRunning { id: converge.clone() });
+            return Err(StateError::FinishAsRunning { id: converge.clone() });
         }
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -346,12 +346,12 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StoreError> {
+    async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
         let what = format!("reading converge {converge}");
         converges::get(&self.client(&what).await?, converge, &what).await
     }
 
-    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError> {
+    async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StateError> {
         let what = match instance {
             Some(instance) => format!("listing the converges of instance {instance}"),
             None => "listing converges".to_owned(),
@@ -359,12 +359,12 @@ impl Store for PostgresStore {
         converges::list(&self.client(&what).await?, instance, limit, &what).await
     }
 
-    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StoreError> {
+    async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StateError> {
         let what = format!("looking up the converge that built {reference}");
         converges::builder_of(&self.client(&what).await?, reference, &what).await
     }
 
-    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StoreError> {
+    async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
         let what = "failing converges left running";
         let mut client = self.client(what).await?;
         let tx = self.write(&mut client, what).await?;
@@ -373,7 +373,7 @@ impl Store for PostgresStore {
         Ok(failed)
     }
 
-    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StoreError> {
+    async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StateError> {
         let what = format!("claiming refs for converge {converge}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -381,7 +381,7 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError> {
+    async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StateError> {
         let what = format!("renewing the claims of converge {converge}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -390,7 +390,7 @@ impl Store for PostgresStore {
         Ok(renewed)
     }
 
-    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StoreError> {
+    async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StateError> {
         let what = format!("releasing the claims of converge {converge}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -398,7 +398,7 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
+    async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StateError> {
         let what = "listing live claims";
         let mut client = self.client(what).await?;
         let tx = self.write(&mut client, what).await?;
@@ -407,7 +407,7 @@ impl Store for PostgresStore {
         Ok(live)
     }
 
-    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StoreError> {
+    async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StateError> {
         let what = format!("pinning {reference}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -416,7 +416,7 @@ impl Store for PostgresStore {
         Ok(pinned)
     }
 
-    async fn unpin(&self, reference: &str) -> Result<bool, StoreError> {
+    async fn unpin(&self, reference: &str) -> Result<bool, StateError> {
         let what = format!("unpinning {reference}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -425,7 +425,7 @@ impl Store for PostgresStore {
         Ok(unpinned)
     }
 
-    async fn put_token(&self, token: TokenRow) -> Result<(), StoreError> {
+    async fn put_token(&self, token: TokenRow) -> Result<(), StateError> {
         let what = format!("saving token {}", token.id);
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -433,17 +433,17 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StoreError> {
+    async fn token(&self, id: &str) -> Result<Option<TokenRow>, StateError> {
         let what = format!("reading token {id}");
         trust::token(&self.client(&what).await?, id, &what).await
     }
 
-    async fn tokens(&self) -> Result<Vec<TokenRow>, StoreError> {
+    async fn tokens(&self) -> Result<Vec<TokenRow>, StateError> {
         let what = "listing tokens";
         trust::tokens(&self.client(what).await?, what).await
     }
 
-    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
         let what = format!("revoking token {id}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -452,7 +452,7 @@ impl Store for PostgresStore {
         Ok(done)
     }
 
-    async fn put_join(&self, join: JoinRow) -> Result<(), StoreError> {
+    async fn put_join(&self, join: JoinRow) -> Result<(), StateError> {
         let what = format!("saving join token {}", join.id);
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -460,7 +460,7 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StoreError> {
+    async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StateError> {
         let what = format!("using join token {id}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -469,7 +469,7 @@ impl Store for PostgresStore {
         Ok(row)
     }
 
-    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
         let what = format!("revoking agent {id}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -478,12 +478,12 @@ impl Store for PostgresStore {
         Ok(done)
     }
 
-    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StoreError> {
+    async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StateError> {
         let what = "listing revoked agents";
         trust::revoked_agents(&self.client(what).await?, what).await
     }
 
-    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StoreError> {
+    async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StateError> {
         let what = format!("reading the owner of instance {instance}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -492,12 +492,12 @@ impl Store for PostgresStore {
         Ok(owner)
     }
 
-    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StoreError> {
+    async fn owner(&self, instance: &str) -> Result<Option<Owner>, StateError> {
         let what = format!("reading the owner of instance {instance}");
         trust::owner(&self.client(&what).await?, instance, &what).await
     }
 
-    async fn append_audit(&self, entry: AuditRow) -> Result<(), StoreError> {
+    async fn append_audit(&self, entry: AuditRow) -> Result<(), StateError> {
         let what = "writing the audit log";
         let mut client = self.client(what).await?;
         let tx = self.write(&mut client, what).await?;
@@ -505,22 +505,22 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(what)
     }
 
-    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StoreError> {
+    async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StateError> {
         let what = "reading the audit log";
         trust::audit(&self.client(what).await?, since_ms, actor, what).await
     }
 
-    async fn pins(&self) -> Result<Vec<Pin>, StoreError> {
+    async fn pins(&self) -> Result<Vec<Pin>, StateError> {
         let what = "listing pins";
         catalog::pins(&self.client(what).await?, what).await
     }
 
-    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StoreError> {
+    async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StateError> {
         let what = "looking up contexts";
         catalog::missing_contexts(&self.client(what).await?, digests, what).await
     }
 
-    async fn put_context(&self, context: ContextRow) -> Result<(), StoreError> {
+    async fn put_context(&self, context: ContextRow) -> Result<(), StateError> {
         let what = format!("indexing context {}", context.digest);
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -528,17 +528,17 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StoreError> {
+    async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StateError> {
         let what = format!("looking up context {digest}");
         catalog::context(&self.client(&what).await?, digest, &what).await
     }
 
-    async fn contexts(&self) -> Result<Vec<ContextRow>, StoreError> {
+    async fn contexts(&self) -> Result<Vec<ContextRow>, StateError> {
         let what = "listing contexts";
         catalog::contexts(&self.client(what).await?, what).await
     }
 
-    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StoreError> {
+    async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StateError> {
         let what = format!("collecting context {digest}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -547,7 +547,7 @@ impl Store for PostgresStore {
         Ok(deleted)
     }
 
-    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StoreError> {
+    async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StateError> {
         let what = format!("saving the inventory of store {store}");
         let mut client = self.client(&what).await?;
         let tx = self.write(&mut client, &what).await?;
@@ -555,7 +555,7 @@ impl Store for PostgresStore {
         tx.commit().await.ctx(&what)
     }
 
-    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StoreError> {
+    async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StateError> {
         let what = format!("reading the inventory of store {store}");
         catalog::inventory(&self.client(&what).await?, store, &what).await
     }
@@ -565,7 +565,7 @@ impl Store for PostgresStore {
         holder: &str,
         addr: &str,
         ttl: Duration,
-    ) -> Result<Option<Leadership>, StoreError> {
+    ) -> Result<Option<Leadership>, StateError> {
         let what = format!("taking the farm's lease for {holder}");
         let acquired = lease::acquire(&self.client(&what).await?, holder, addr, ttl, &what).await?;
         if acquired.is_some() {
@@ -574,12 +574,12 @@ impl Store for PostgresStore {
         Ok(acquired)
     }
 
-    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StoreError> {
+    async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StateError> {
         let what = format!("renewing the farm's lease of {}", leadership.holder);
         lease::renew(&self.client(&what).await?, leadership, ttl, &what).await
     }
 
-    async fn resign_leadership(&self, leadership: &Leadership) -> Result<(), StoreError> {
+    async fn resign_leadership(&self, leadership: &Leadership) -> Result<(), StateError> {
         let what = format!("resigning the farm's lease of {}", leadership.holder);
         lease::resign(&self.client(&what).await?, leadership, &what).await?;
         if self.held().is_some_and(|held| held.token == leadership.token) {
@@ -588,7 +588,7 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn current_leader(&self) -> Result<Option<Leadership>, StoreError> {
+    async fn current_leader(&self) -> Result<Option<Leadership>, StateError> {
         let what = "reading the farm's lease";
         lease::current(&self.client(what).await?, what).await
     }

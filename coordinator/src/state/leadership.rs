@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::store::{Store, StoreError};
+use crate::state::{StateStore, StateError};
 
 /// A lease on a farm's leadership, as the store granted or last renewed it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub struct Held {
     leadership: Leadership,
     lost: watch::Receiver<Option<Lost>>,
     renewer: JoinHandle<()>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn StateStore>,
 }
 
 impl Held {
@@ -99,7 +99,7 @@ impl Held {
     }
 
     /// Stops renewing and frees the lease, so a standby takes over at once instead of after the TTL.
-    pub async fn resign(self) -> Result<(), StoreError> {
+    pub async fn resign(self) -> Result<(), StateError> {
         self.renewer.abort();
         self.store.resign_leadership(&self.leadership).await
     }
@@ -131,7 +131,7 @@ pub fn holder_id() -> String {
 
 /// Stands by until this coordinator holds the farm's lease, then renews it in the background.
 /// Returns at once on SQLite, where leadership is always held.
-pub async fn lead(store: Arc<dyn Store>, holder: &str, addr: &str, policy: LeasePolicy) -> Result<Held, StoreError> {
+pub async fn lead(store: Arc<dyn StateStore>, holder: &str, addr: &str, policy: LeasePolicy) -> Result<Held, StateError> {
     let mut announced = false;
     let (leadership, deadline) = loop {
         // The local deadline starts before the request: the database's expiry was set after it.
@@ -154,7 +154,7 @@ pub async fn lead(store: Arc<dyn Store>, holder: &str, addr: &str, policy: Lease
 
 /// Renews until the lease is superseded, or cannot be renewed before it would lapse.
 async fn renew(
-    store: Arc<dyn Store>,
+    store: Arc<dyn StateStore>,
     mut leadership: Leadership,
     mut deadline: Instant,
     policy: LeasePolicy,
@@ -171,7 +171,7 @@ async fn renew(
                 deadline = asked + policy.ttl;
                 continue;
             }
-            Ok(Err(StoreError::Fenced { current, active, .. })) => Lost::Superseded { current, active },
+            Ok(Err(StateError::Fenced { current, active, .. })) => Lost::Superseded { current, active },
             Ok(Err(err)) if Instant::now() < deadline => {
                 tracing::warn!(error = %kiln_core::error_chain(&err), "renewing the farm's lease failed; retrying");
                 continue;

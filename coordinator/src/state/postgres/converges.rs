@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 
 use super::{execute, from_json, int, query, query_opt, to_json, uint, Ctx};
 use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
-use crate::store::StoreError;
+use crate::state::StateError;
 
 const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, requested_by";
 
@@ -23,7 +23,7 @@ pub(super) async fn open(
     instance: &str,
     requested_by: &str,
     what: &str,
-) -> Result<Converge, StoreError> {
+) -> Result<Converge, StateError> {
     for _ in 0..OPEN_ATTEMPTS {
         let converge = Converge {
             id: ConvergeId::generate(now_ms),
@@ -48,14 +48,14 @@ pub(super) async fn open(
             .await
             .ctx(what)?;
         if let Some(row) = running {
-            return Err(StoreError::ConvergeRunning {
+            return Err(StateError::ConvergeRunning {
                 instance: instance.to_owned(),
                 running: row.get::<_, String>(0).into(),
             });
         }
         // The converge that blocked this one finished in between: try again.
     }
-    Err(StoreError::Backend {
+    Err(StateError::Backend {
         what: what.to_owned(),
         err: format!(
             "other converges of {instance} kept starting and finishing; {OPEN_ATTEMPTS} attempts lost the race"
@@ -72,8 +72,8 @@ pub(super) async fn append_event(
     image: Option<&str>,
     message: &str,
     what: &str,
-) -> Result<Event, StoreError> {
-    let seq = next_seq(tx, id, what).await?.ok_or_else(|| StoreError::UnknownConverge { id: id.clone() })?;
+) -> Result<Event, StateError> {
+    let seq = next_seq(tx, id, what).await?.ok_or_else(|| StateError::UnknownConverge { id: id.clone() })?;
     insert_event(tx, now_ms, id, seq, kind, image, message, what).await
 }
 
@@ -82,9 +82,9 @@ pub(super) async fn events<C: GenericClient>(
     id: &ConvergeId,
     after_seq: Option<u64>,
     what: &str,
-) -> Result<Vec<Event>, StoreError> {
+) -> Result<Vec<Event>, StateError> {
     if query_opt(c, "SELECT 1 FROM converges WHERE id = $1", &[&id.as_str()]).await.ctx(what)?.is_none() {
-        return Err(StoreError::UnknownConverge { id: id.clone() });
+        return Err(StateError::UnknownConverge { id: id.clone() });
     }
     let rows = query(
         c,
@@ -107,7 +107,7 @@ pub(super) async fn builder_of<C: GenericClient>(
     c: &C,
     reference: &str,
     what: &str,
-) -> Result<Option<ConvergeId>, StoreError> {
+) -> Result<Option<ConvergeId>, StateError> {
     // Matches the partial index `events_building`.
     let row = query_opt(
         c,
@@ -126,16 +126,16 @@ pub(super) async fn finish(
     id: &ConvergeId,
     state: &ConvergeState,
     what: &str,
-) -> Result<(), StoreError> {
+) -> Result<(), StateError> {
     let reason = match state {
-        ConvergeState::Running => return Err(StoreError::FinishAsRunning { id: id.clone() }),
+        ConvergeState::Running => return Err(StateError::FinishAsRunning { id: id.clone() }),
         ConvergeState::Succeeded => None,
         ConvergeState::Failed { reason } => Some(reason.as_str()),
     };
     match state_of(tx, id, "FOR UPDATE", what).await? {
-        None => return Err(StoreError::UnknownConverge { id: id.clone() }),
+        None => return Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => {}
-        Some(finished) => return Err(StoreError::ConvergeFinished { id: id.clone(), state: finished }),
+        Some(finished) => return Err(StateError::ConvergeFinished { id: id.clone(), state: finished }),
     }
     execute(
         tx,
@@ -147,7 +147,7 @@ pub(super) async fn finish(
     Ok(())
 }
 
-pub(super) async fn get<C: GenericClient>(c: &C, id: &ConvergeId, what: &str) -> Result<Option<Converge>, StoreError> {
+pub(super) async fn get<C: GenericClient>(c: &C, id: &ConvergeId, what: &str) -> Result<Option<Converge>, StateError> {
     let sql = format!("SELECT {COLUMNS} FROM converges WHERE id = $1");
     query_opt(c, &sql, &[&id.as_str()]).await.ctx(what)?.as_ref().map(decode).transpose()
 }
@@ -157,7 +157,7 @@ pub(super) async fn list<C: GenericClient>(
     instance: Option<&str>,
     limit: usize,
     what: &str,
-) -> Result<Vec<Converge>, StoreError> {
+) -> Result<Vec<Converge>, StateError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let sql = format!(
         "SELECT {COLUMNS} FROM converges WHERE $1::text IS NULL OR instance = $1 \
@@ -171,7 +171,7 @@ pub(super) async fn fail_in_flight(
     now_ms: u64,
     reason: &str,
     what: &str,
-) -> Result<Vec<ConvergeId>, StoreError> {
+) -> Result<Vec<ConvergeId>, StateError> {
     let rows = query(
         tx,
         "UPDATE converges SET state = 'failed', reason = $1, finished_ms = $2, last_seq = last_seq + 1 \
@@ -195,14 +195,14 @@ pub(super) async fn state_of(
     id: &ConvergeId,
     lock: &str,
     what: &str,
-) -> Result<Option<ConvergeState>, StoreError> {
+) -> Result<Option<ConvergeState>, StateError> {
     let sql = format!("SELECT state, reason FROM converges WHERE id = $1 {lock}");
     let row = query_opt(tx, &sql, &[&id.as_str()]).await.ctx(what)?;
     row.map(|row| decode_state(id, row.get(0), row.get(1))).transpose()
 }
 
 /// Takes the converge's next event seq, locking its row until the transaction ends.
-async fn next_seq(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<Option<u64>, StoreError> {
+async fn next_seq(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<Option<u64>, StateError> {
     let row =
         query_opt(tx, "UPDATE converges SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq", &[&id.as_str()])
             .await
@@ -220,7 +220,7 @@ async fn insert_event(
     image: Option<&str>,
     message: &str,
     what: &str,
-) -> Result<Event, StoreError> {
+) -> Result<Event, StateError> {
     let kind_json = to_json(&kind, what)?;
     execute(
         tx,
@@ -232,7 +232,7 @@ async fn insert_event(
     Ok(Event { seq, at_ms: now_ms, image: image.map(str::to_owned), kind, message: message.to_owned() })
 }
 
-fn decode(row: &Row) -> Result<Converge, StoreError> {
+fn decode(row: &Row) -> Result<Converge, StateError> {
     let id = ConvergeId::from(row.get::<_, String>(0));
     let state = decode_state(&id, row.get(2), row.get(3))?;
     Ok(Converge {
@@ -245,13 +245,13 @@ fn decode(row: &Row) -> Result<Converge, StoreError> {
     })
 }
 
-fn decode_state(id: &ConvergeId, state: &str, reason: Option<String>) -> Result<ConvergeState, StoreError> {
+fn decode_state(id: &ConvergeId, state: &str, reason: Option<String>) -> Result<ConvergeState, StateError> {
     match state {
         "running" => Ok(ConvergeState::Running),
         "succeeded" => Ok(ConvergeState::Succeeded),
         // A failure always carries its reason; an empty one still reads as failed.
         "failed" => Ok(ConvergeState::Failed { reason: reason.unwrap_or_default() }),
-        other => Err(StoreError::Corrupt {
+        other => Err(StateError::Corrupt {
             what: format!("converge {id}"),
             err: format!("state {other:?} is not running, succeeded or failed").into(),
         }),

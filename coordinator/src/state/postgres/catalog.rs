@@ -5,9 +5,9 @@ use deadpool_postgres::{GenericClient, Transaction};
 
 use super::{execute, from_json, int, query, query_one, query_opt, to_json, uint, Ctx};
 use crate::model::{AgentId, AgentRole, AgentRow, ContextRow, Inventory, Pin};
-use crate::store::StoreError;
+use crate::state::StateError;
 
-pub(super) async fn upsert_agent(tx: &Transaction<'_>, agent: &AgentRow, what: &str) -> Result<(), StoreError> {
+pub(super) async fn upsert_agent(tx: &Transaction<'_>, agent: &AgentRow, what: &str) -> Result<(), StateError> {
     let stores = to_json(&agent.stores, what)?;
     let platforms = to_json(&agent.platforms, what)?;
     execute(
@@ -23,7 +23,7 @@ pub(super) async fn upsert_agent(tx: &Transaction<'_>, agent: &AgentRow, what: &
     Ok(())
 }
 
-pub(super) async fn agents<C: GenericClient>(c: &C, what: &str) -> Result<Vec<AgentRow>, StoreError> {
+pub(super) async fn agents<C: GenericClient>(c: &C, what: &str) -> Result<Vec<AgentRow>, StateError> {
     let rows = query(
         c,
         "SELECT id, role, stores::text, platforms::text, version, last_seen_ms FROM agents ORDER BY id COLLATE \"C\"",
@@ -36,7 +36,7 @@ pub(super) async fn agents<C: GenericClient>(c: &C, what: &str) -> Result<Vec<Ag
             let id: String = row.get(0);
             let row_name = || format!("agent {id}");
             let role: &str = row.get(1);
-            let role = AgentRole::from_name(role).ok_or_else(|| StoreError::Corrupt {
+            let role = AgentRole::from_name(role).ok_or_else(|| StateError::Corrupt {
                 what: row_name(),
                 err: format!("role {role:?} is not host, node or both").into(),
             })?;
@@ -61,7 +61,7 @@ pub(super) async fn pin(
     reference: &str,
     by: &str,
     what: &str,
-) -> Result<bool, StoreError> {
+) -> Result<bool, StateError> {
     let inserted = execute(
         tx,
         "INSERT INTO pins (reference, pinned_at_ms, pinned_by) VALUES ($1, $2, $3) ON CONFLICT (reference) DO NOTHING",
@@ -73,12 +73,12 @@ pub(super) async fn pin(
 }
 
 /// Deletes the pin; false when there was none.
-pub(super) async fn unpin(tx: &Transaction<'_>, reference: &str, what: &str) -> Result<bool, StoreError> {
+pub(super) async fn unpin(tx: &Transaction<'_>, reference: &str, what: &str) -> Result<bool, StateError> {
     let deleted = execute(tx, "DELETE FROM pins WHERE reference = $1", &[&reference]).await.ctx(what)?;
     Ok(deleted == 1)
 }
 
-pub(super) async fn pins<C: GenericClient>(c: &C, what: &str) -> Result<Vec<Pin>, StoreError> {
+pub(super) async fn pins<C: GenericClient>(c: &C, what: &str) -> Result<Vec<Pin>, StateError> {
     let rows = query(c, "SELECT reference, pinned_at_ms, pinned_by FROM pins ORDER BY reference COLLATE \"C\"", &[])
         .await
         .ctx(what)?;
@@ -92,7 +92,7 @@ pub(super) async fn missing_contexts<C: GenericClient>(
     c: &C,
     digests: &[String],
     what: &str,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<String>, StateError> {
     let rows = query(c, "SELECT digest FROM contexts WHERE digest = ANY($1::text[])", &[&digests]).await.ctx(what)?;
     let known: std::collections::HashSet<String> = rows.iter().map(|row| row.get(0)).collect();
     let mut missing: Vec<String> = Vec::new();
@@ -104,7 +104,7 @@ pub(super) async fn missing_contexts<C: GenericClient>(
     Ok(missing)
 }
 
-pub(super) async fn put_context(tx: &Transaction<'_>, context: &ContextRow, what: &str) -> Result<(), StoreError> {
+pub(super) async fn put_context(tx: &Transaction<'_>, context: &ContextRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO contexts (digest, bytes, stored_at_ms) VALUES ($1, $2, $3) \
@@ -120,14 +120,14 @@ pub(super) async fn context<C: GenericClient>(
     c: &C,
     digest: &str,
     what: &str,
-) -> Result<Option<ContextRow>, StoreError> {
+) -> Result<Option<ContextRow>, StateError> {
     let row = query_opt(c, "SELECT digest, bytes, stored_at_ms FROM contexts WHERE digest = $1", &[&digest])
         .await
         .ctx(what)?;
     Ok(row.map(|row| ContextRow { digest: row.get(0), bytes: uint(row.get(1)), stored_at_ms: uint(row.get(2)) }))
 }
 
-pub(super) async fn contexts<C: GenericClient>(c: &C, what: &str) -> Result<Vec<ContextRow>, StoreError> {
+pub(super) async fn contexts<C: GenericClient>(c: &C, what: &str) -> Result<Vec<ContextRow>, StateError> {
     let rows = query(c, "SELECT digest, bytes, stored_at_ms FROM contexts ORDER BY digest COLLATE \"C\"", &[])
         .await
         .ctx(what)?;
@@ -147,7 +147,7 @@ pub(super) async fn delete_context_unless_claimed(
     claim: &str,
     now_ms: u64,
     what: &str,
-) -> Result<bool, StoreError> {
+) -> Result<bool, StateError> {
     tx.batch_execute("LOCK TABLE claims IN SHARE MODE").await.ctx(what)?;
     let claimed: bool = query_one(
         tx,
@@ -170,7 +170,7 @@ pub(super) async fn put_inventory(
     listing: &str,
     listed_ms: u64,
     what: &str,
-) -> Result<(), StoreError> {
+) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO inventories (store, listing, listed_ms) VALUES ($1, $2::text::json, $3) \
@@ -186,7 +186,7 @@ pub(super) async fn inventory<C: GenericClient>(
     c: &C,
     store: &str,
     what: &str,
-) -> Result<Option<Inventory>, StoreError> {
+) -> Result<Option<Inventory>, StateError> {
     let row = query_opt(c, "SELECT store, listing::text, listed_ms FROM inventories WHERE store = $1", &[&store])
         .await
         .ctx(what)?;

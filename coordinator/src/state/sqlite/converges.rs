@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{from_json, to_json, Ctx};
 use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
-use crate::store::StoreError;
+use crate::state::StateError;
 
 const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, requested_by";
 
@@ -17,7 +17,7 @@ pub(super) fn open(
     now_ms: u64,
     instance: &str,
     requested_by: &str,
-) -> Result<Converge, StoreError> {
+) -> Result<Converge, StateError> {
     let what = || format!("opening a converge of instance {instance}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     let running: Option<String> = tx
@@ -25,7 +25,7 @@ pub(super) fn open(
         .optional()
         .ctx(what)?;
     if let Some(running) = running {
-        return Err(StoreError::ConvergeRunning { instance: instance.to_owned(), running: running.into() });
+        return Err(StateError::ConvergeRunning { instance: instance.to_owned(), running: running.into() });
     }
     let converge = Converge {
         id: ConvergeId::generate(now_ms),
@@ -51,11 +51,11 @@ pub(super) fn append_event(
     kind: EventKind,
     image: Option<String>,
     message: String,
-) -> Result<Event, StoreError> {
+) -> Result<Event, StateError> {
     let what = || format!("appending an event to converge {id}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     if state_of(&tx, id)?.is_none() {
-        return Err(StoreError::UnknownConverge { id: id.clone() });
+        return Err(StateError::UnknownConverge { id: id.clone() });
     }
     let event = insert_event(&tx, now_ms, id, kind, image, message)?;
     tx.commit().ctx(what)?;
@@ -68,11 +68,11 @@ pub(super) fn append_events(
     now_ms: u64,
     id: &ConvergeId,
     events: Vec<(EventKind, Option<String>, String)>,
-) -> Result<Vec<Event>, StoreError> {
+) -> Result<Vec<Event>, StateError> {
     let what = || format!("appending events to converge {id}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     if state_of(&tx, id)?.is_none() {
-        return Err(StoreError::UnknownConverge { id: id.clone() });
+        return Err(StateError::UnknownConverge { id: id.clone() });
     }
     let mut appended = Vec::with_capacity(events.len());
     for (kind, image, message) in events {
@@ -82,10 +82,10 @@ pub(super) fn append_events(
     Ok(appended)
 }
 
-pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StoreError> {
+pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StateError> {
     let what = || format!("reading the events of converge {id}");
     if state_of(conn, id)?.is_none() {
-        return Err(StoreError::UnknownConverge { id: id.clone() });
+        return Err(StateError::UnknownConverge { id: id.clone() });
     }
     let mut stmt = conn
         .prepare("SELECT seq, at_ms, image, kind, message FROM events WHERE converge_id = ?1 AND seq > ?2 ORDER BY seq")
@@ -106,7 +106,7 @@ pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u
 }
 
 /// The converge that most recently started building `reference`, from the events it logged.
-pub(super) fn builder_of(conn: &mut Connection, reference: &str) -> Result<Option<ConvergeId>, StoreError> {
+pub(super) fn builder_of(conn: &mut Connection, reference: &str) -> Result<Option<ConvergeId>, StateError> {
     let what = || format!("looking up the converge that built {reference}");
     // The reference is JSON-escaped as the event stored it; LIKE's wildcards in it are escaped too.
     let quoted = serde_json::to_string(reference).unwrap_or_default();
@@ -129,18 +129,18 @@ pub(super) fn finish(
     now_ms: u64,
     id: &ConvergeId,
     state: ConvergeState,
-) -> Result<(), StoreError> {
+) -> Result<(), StateError> {
     let what = || format!("finishing converge {id}");
     let reason = match &state {
-        ConvergeState::Running => return Err(StoreError::FinishAsRunning { id: id.clone() }),
+        ConvergeState::Running => return Err(StateError::FinishAsRunning { id: id.clone() }),
         ConvergeState::Succeeded => None,
         ConvergeState::Failed { reason } => Some(reason.as_str()),
     };
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     match state_of(&tx, id)? {
-        None => return Err(StoreError::UnknownConverge { id: id.clone() }),
+        None => return Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => {}
-        Some(finished) => return Err(StoreError::ConvergeFinished { id: id.clone(), state: finished }),
+        Some(finished) => return Err(StateError::ConvergeFinished { id: id.clone(), state: finished }),
     }
     tx.execute(
         "UPDATE converges SET state = ?2, reason = ?3, finished_ms = ?4 WHERE id = ?1",
@@ -150,14 +150,14 @@ pub(super) fn finish(
     tx.commit().ctx(what)
 }
 
-pub(super) fn get(conn: &mut Connection, id: &ConvergeId) -> Result<Option<Converge>, StoreError> {
+pub(super) fn get(conn: &mut Connection, id: &ConvergeId) -> Result<Option<Converge>, StateError> {
     let what = || format!("reading converge {id}");
     let sql = format!("SELECT {COLUMNS} FROM converges WHERE id = ?1");
     let raw = conn.query_row(&sql, [id.as_str()], raw_row).optional().ctx(what)?;
     raw.map(decode).transpose()
 }
 
-pub(super) fn list(conn: &mut Connection, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StoreError> {
+pub(super) fn list(conn: &mut Connection, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StateError> {
     let what = || "listing converges".to_owned();
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let sql = format!(
@@ -168,7 +168,7 @@ pub(super) fn list(conn: &mut Connection, instance: Option<&str>, limit: usize) 
     raws.into_iter().map(decode).collect()
 }
 
-pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -> Result<Vec<ConvergeId>, StoreError> {
+pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
     let what = || "failing converges left running".to_owned();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     let ids: Vec<ConvergeId> = {
@@ -189,7 +189,7 @@ pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -
 }
 
 /// The converge's state, `None` if there is no such converge.
-pub(super) fn state_of(conn: &Connection, id: &ConvergeId) -> Result<Option<ConvergeState>, StoreError> {
+pub(super) fn state_of(conn: &Connection, id: &ConvergeId) -> Result<Option<ConvergeState>, StateError> {
     let what = || format!("reading the state of converge {id}");
     let raw: Option<(String, Option<String>)> = conn
         .query_row("SELECT state, reason FROM converges WHERE id = ?1", [id.as_str()], |row| {
@@ -208,7 +208,7 @@ fn insert_event(
     kind: EventKind,
     image: Option<String>,
     message: String,
-) -> Result<Event, StoreError> {
+) -> Result<Event, StateError> {
     let what = || format!("appending an event to converge {id}");
     let seq: u64 = conn
         .query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE converge_id = ?1", [id.as_str()], |row| {
@@ -246,7 +246,7 @@ fn raw_row(row: &Row<'_>) -> rusqlite::Result<RawConverge> {
     })
 }
 
-fn decode(raw: RawConverge) -> Result<Converge, StoreError> {
+fn decode(raw: RawConverge) -> Result<Converge, StateError> {
     let id = ConvergeId::from(raw.id);
     let state = decode_state(&id, &raw.state, raw.reason)?;
     Ok(Converge {
@@ -259,13 +259,13 @@ fn decode(raw: RawConverge) -> Result<Converge, StoreError> {
     })
 }
 
-fn decode_state(id: &ConvergeId, state: &str, reason: Option<String>) -> Result<ConvergeState, StoreError> {
+fn decode_state(id: &ConvergeId, state: &str, reason: Option<String>) -> Result<ConvergeState, StateError> {
     match state {
         "running" => Ok(ConvergeState::Running),
         "succeeded" => Ok(ConvergeState::Succeeded),
         // A failure always carries its reason; an empty one still reads as failed.
         "failed" => Ok(ConvergeState::Failed { reason: reason.unwrap_or_default() }),
-        other => Err(StoreError::Corrupt {
+        other => Err(StateError::Corrupt {
             what: format!("converge {id}"),
             err: format!("state {other:?} is not running, succeeded or failed").into(),
         }),

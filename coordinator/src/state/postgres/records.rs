@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use super::{execute, from_json, int, query, query_one, query_opt, uint, Ctx};
 use crate::model::{Generation, Record};
-use crate::store::StoreError;
+use crate::state::StateError;
 
 const COLUMNS: &str = "instance, generation, images::text, written_at_ms";
 
@@ -19,12 +19,12 @@ pub(super) async fn nth<C: GenericClient>(
     instance: &str,
     n: i64,
     what: &str,
-) -> Result<Option<Record>, StoreError> {
+) -> Result<Option<Record>, StateError> {
     let sql = format!("SELECT {COLUMNS} FROM records WHERE instance = $1 ORDER BY generation DESC LIMIT 1 OFFSET $2");
     query_opt(c, &sql, &[&instance, &n]).await.ctx(what)?.as_ref().map(decode).transpose()
 }
 
-pub(super) async fn all<C: GenericClient>(c: &C, what: &str) -> Result<Vec<(Record, Option<Record>)>, StoreError> {
+pub(super) async fn all<C: GenericClient>(c: &C, what: &str) -> Result<Vec<(Record, Option<Record>)>, StateError> {
     let sql = format!("SELECT {COLUMNS} FROM records ORDER BY instance COLLATE \"C\", generation DESC");
     let mut out: Vec<(Record, Option<Record>)> = Vec::new();
     for row in query(c, &sql, &[]).await.ctx(what)? {
@@ -49,7 +49,7 @@ pub(super) async fn write(
     expected: Option<Generation>,
     images_json: &str,
     what: &str,
-) -> Result<Generation, StoreError> {
+) -> Result<Generation, StateError> {
     // Creates the instance's row if it is new and locks it either way (a conflicting `DO UPDATE`
     // locks the row it would have updated).
     let last: i64 = query_one(
@@ -66,7 +66,7 @@ pub(super) async fn write(
         query_one(tx, "SELECT MAX(generation) FROM records WHERE instance = $1", &[&instance]).await.ctx(what)?.get(0);
     let actual = actual.map(|g| Generation(uint(g)));
     if actual != expected {
-        return Err(StoreError::RecordMoved { instance: instance.to_owned(), expected, actual });
+        return Err(StateError::RecordMoved { instance: instance.to_owned(), expected, actual });
     }
     let generation = last + 1;
     execute(tx, "UPDATE instance_generations SET last_generation = $2 WHERE instance = $1", &[&instance, &generation])
@@ -88,13 +88,13 @@ pub(super) async fn write(
     Ok(Generation(uint(generation)))
 }
 
-pub(super) async fn delete(tx: &Transaction<'_>, instance: &str, what: &str) -> Result<bool, StoreError> {
+pub(super) async fn delete(tx: &Transaction<'_>, instance: &str, what: &str) -> Result<bool, StateError> {
     execute(tx, "SELECT 1 FROM instance_generations WHERE instance = $1 FOR UPDATE", &[&instance]).await.ctx(what)?;
     let deleted = execute(tx, "DELETE FROM records WHERE instance = $1", &[&instance]).await.ctx(what)?;
     Ok(deleted > 0)
 }
 
-fn decode(row: &Row) -> Result<Record, StoreError> {
+fn decode(row: &Row) -> Result<Record, StateError> {
     let (instance, generation): (String, i64) = (row.get(0), row.get(1));
     let images = from_json(row.get(2), || format!("record {instance} generation {generation}"))?;
     Ok(Record { instance, generation: Generation(uint(generation)), images, written_at_ms: uint(row.get(3)) })

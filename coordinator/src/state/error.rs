@@ -10,7 +10,7 @@ use crate::model::{ConvergeId, ConvergeState, Generation};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub enum StateError {
     #[error("cannot create the state directory {dir} — check that its parent exists and is writable")]
     CreateDir {
         dir: PathBuf,
@@ -120,7 +120,7 @@ fn generation_text(generation: &Option<Generation>) -> String {
     }
 }
 
-/// Who leads instead, for [`StoreError::Fenced`] and [`StoreError::NotLeader`].
+/// Who leads instead, for [`StateError::Fenced`] and [`StateError::NotLeader`].
 fn active_text(active: &Option<String>) -> String {
     match active {
         Some(addr) => format!(" (the active coordinator is at {addr})"),

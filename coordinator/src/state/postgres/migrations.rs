@@ -11,7 +11,7 @@
 
 use deadpool_postgres::Object;
 
-use crate::store::StoreError;
+use crate::state::StateError;
 
 /// Versions in order, starting at 1, never edited once released: a change is a new entry.
 const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2)];
@@ -162,10 +162,10 @@ CREATE INDEX audit_by_time ON audit (at_ms);
 "#;
 
 /// Brings the database to [`SCHEMA_VERSION`]; returns the versions this call applied.
-pub(super) async fn migrate(client: &mut Object, database: &str, now_ms: u64) -> Result<Vec<u32>, StoreError> {
+pub(super) async fn migrate(client: &mut Object, database: &str, now_ms: u64) -> Result<Vec<u32>, StateError> {
     let mut applied = Vec::new();
     for &(version, sql) in MIGRATIONS {
-        let open_err = |err: tokio_postgres::Error| StoreError::Backend {
+        let open_err = |err: tokio_postgres::Error| StateError::Backend {
             what: format!("reading the schema version of {database}"),
             err: Box::new(err),
         };
@@ -182,7 +182,7 @@ pub(super) async fn migrate(client: &mut Object, database: &str, now_ms: u64) ->
             tx.query_one("SELECT MAX(version) FROM schema_migrations", &[]).await.map_err(open_err)?.get(0);
         let current = current.map_or(0, |v| v as u32);
         if current > SCHEMA_VERSION {
-            return Err(StoreError::SchemaTooNew {
+            return Err(StateError::SchemaTooNew {
                 database: database.to_owned(),
                 found: current,
                 known: SCHEMA_VERSION,
@@ -191,7 +191,7 @@ pub(super) async fn migrate(client: &mut Object, database: &str, now_ms: u64) ->
         if current >= version {
             continue;
         }
-        let migrate_err = |err: tokio_postgres::Error| StoreError::Migrate {
+        let migrate_err = |err: tokio_postgres::Error| StateError::Migrate {
             database: database.to_owned(),
             version,
             from: current,

@@ -7,19 +7,19 @@ use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior};
 
 use super::{from_json, to_json, Ctx};
 use crate::model::{Generation, Record, RecordedImage};
-use crate::store::StoreError;
+use crate::state::StateError;
 
 const COLUMNS: &str = "instance, generation, images, written_at_ms";
 
 /// The instance's `n`th newest generation: 0 = current, 1 = previous.
-pub(super) fn nth(conn: &mut Connection, instance: &str, n: u32) -> Result<Option<Record>, StoreError> {
+pub(super) fn nth(conn: &mut Connection, instance: &str, n: u32) -> Result<Option<Record>, StateError> {
     let what = || format!("reading the record of instance {instance}");
     let sql = format!("SELECT {COLUMNS} FROM records WHERE instance = ?1 ORDER BY generation DESC LIMIT 1 OFFSET ?2");
     let raw = conn.query_row(&sql, (instance, n), raw_row).optional().ctx(what)?;
     raw.map(decode).transpose()
 }
 
-pub(super) fn all(conn: &mut Connection) -> Result<Vec<(Record, Option<Record>)>, StoreError> {
+pub(super) fn all(conn: &mut Connection) -> Result<Vec<(Record, Option<Record>)>, StateError> {
     let what = || "listing records".to_owned();
     let sql = format!("SELECT {COLUMNS} FROM records ORDER BY instance, generation DESC");
     let mut stmt = conn.prepare(&sql).ctx(what)?;
@@ -46,7 +46,7 @@ pub(super) fn write(
     instance: &str,
     expected: Option<Generation>,
     images: &[RecordedImage],
-) -> Result<Generation, StoreError> {
+) -> Result<Generation, StateError> {
     let what = || format!("writing the record of instance {instance}");
     let images = to_json(&images, what)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
@@ -55,7 +55,7 @@ pub(super) fn write(
         .ctx(what)?;
     let actual = actual.map(Generation);
     if actual != expected {
-        return Err(StoreError::RecordMoved { instance: instance.to_owned(), expected, actual });
+        return Err(StateError::RecordMoved { instance: instance.to_owned(), expected, actual });
     }
     let last: Option<u64> = tx
         .query_row("SELECT last_generation FROM instance_generations WHERE instance = ?1", [instance], |row| row.get(0))
@@ -81,7 +81,7 @@ pub(super) fn write(
     Ok(Generation(generation))
 }
 
-pub(super) fn delete(conn: &mut Connection, instance: &str) -> Result<bool, StoreError> {
+pub(super) fn delete(conn: &mut Connection, instance: &str) -> Result<bool, StateError> {
     let what = || format!("deleting the record of instance {instance}");
     let deleted = conn.execute("DELETE FROM records WHERE instance = ?1", [instance]).ctx(what)?;
     Ok(deleted > 0)
@@ -98,7 +98,7 @@ fn raw_row(row: &Row<'_>) -> rusqlite::Result<RawRecord> {
     Ok(RawRecord { instance: row.get(0)?, generation: row.get(1)?, images: row.get(2)?, written_at_ms: row.get(3)? })
 }
 
-fn decode(raw: RawRecord) -> Result<Record, StoreError> {
+fn decode(raw: RawRecord) -> Result<Record, StateError> {
     let images = from_json(&raw.images, || format!("record {} generation {}", raw.instance, raw.generation))?;
     Ok(Record {
         instance: raw.instance,

@@ -5,10 +5,10 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use super::Ctx;
 use crate::model::{AgentRole, AuditRow, JoinRow, Owner, TokenRow};
-use crate::store::StoreError;
+use crate::state::StateError;
 use crate::trust::Role;
 
-pub(super) fn put_token(conn: &mut Connection, t: &TokenRow) -> Result<(), StoreError> {
+pub(super) fn put_token(conn: &mut Connection, t: &TokenRow) -> Result<(), StateError> {
     let what = || format!("saving token {}", t.id);
     conn.execute(
         "INSERT INTO tokens (id, hash, user_name, role, team, created_ms, expires_ms, revoked_ms) \
@@ -35,19 +35,19 @@ fn token_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<TokenRow> {
 
 const TOKEN_COLUMNS: &str = "id, hash, user_name, role, team, created_ms, expires_ms, revoked_ms";
 
-pub(super) fn token(conn: &mut Connection, id: &str) -> Result<Option<TokenRow>, StoreError> {
+pub(super) fn token(conn: &mut Connection, id: &str) -> Result<Option<TokenRow>, StateError> {
     let what = || format!("reading token {id}");
     conn.query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), [id], token_row).optional().ctx(what)
 }
 
-pub(super) fn tokens(conn: &mut Connection) -> Result<Vec<TokenRow>, StoreError> {
+pub(super) fn tokens(conn: &mut Connection) -> Result<Vec<TokenRow>, StateError> {
     let what = || "listing tokens".to_owned();
     let mut stmt = conn.prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_ms, id")).ctx(what)?;
     let rows = stmt.query_map([], token_row).ctx(what)?;
     rows.collect::<Result<Vec<_>, _>>().ctx(what)
 }
 
-pub(super) fn revoke_token(conn: &mut Connection, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+pub(super) fn revoke_token(conn: &mut Connection, id: &str, now_ms: u64) -> Result<bool, StateError> {
     let what = || format!("revoking token {id}");
     let n = conn
         .execute("UPDATE tokens SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL", (id, now_ms))
@@ -55,7 +55,7 @@ pub(super) fn revoke_token(conn: &mut Connection, id: &str, now_ms: u64) -> Resu
     Ok(n == 1)
 }
 
-pub(super) fn put_join(conn: &mut Connection, j: &JoinRow) -> Result<(), StoreError> {
+pub(super) fn put_join(conn: &mut Connection, j: &JoinRow) -> Result<(), StateError> {
     let what = || format!("saving join token {}", j.id);
     conn.execute(
         "INSERT INTO join_tokens (id, hash, role, cluster, created_ms, expires_ms, used_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -67,7 +67,7 @@ pub(super) fn put_join(conn: &mut Connection, j: &JoinRow) -> Result<(), StoreEr
 
 /// Marks join token `id` used, once: in one write transaction, so two agents presenting the same
 /// token at once cannot both enroll. Returns the row as it was when this call used it.
-pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StoreError> {
+pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StateError> {
     let what = || format!("using join token {id}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     let row = tx
@@ -98,7 +98,7 @@ pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<O
 }
 
 /// Revokes up to `now_ms`; a later revocation of the same id moves the line forward.
-pub(super) fn revoke_agent(conn: &mut Connection, id: &str, now_ms: u64) -> Result<bool, StoreError> {
+pub(super) fn revoke_agent(conn: &mut Connection, id: &str, now_ms: u64) -> Result<bool, StateError> {
     let what = || format!("revoking agent {id}");
     let n = conn
         .execute(
@@ -110,7 +110,7 @@ pub(super) fn revoke_agent(conn: &mut Connection, id: &str, now_ms: u64) -> Resu
     Ok(n == 1)
 }
 
-pub(super) fn revoked_agents(conn: &mut Connection) -> Result<Vec<(String, u64)>, StoreError> {
+pub(super) fn revoked_agents(conn: &mut Connection) -> Result<Vec<(String, u64)>, StateError> {
     let what = || "listing revoked agents".to_owned();
     let mut stmt = conn.prepare("SELECT id, revoked_ms FROM revoked_agents ORDER BY id").ctx(what)?;
     let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?))).ctx(what)?;
@@ -118,7 +118,7 @@ pub(super) fn revoked_agents(conn: &mut Connection) -> Result<Vec<(String, u64)>
 }
 
 /// The instance's owner, setting `claim` as it when it has none yet (in one transaction).
-pub(super) fn own(conn: &mut Connection, instance: &str, claim: &Owner) -> Result<Owner, StoreError> {
+pub(super) fn own(conn: &mut Connection, instance: &str, claim: &Owner) -> Result<Owner, StateError> {
     let what = || format!("reading the owner of instance {instance}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     tx.execute(
@@ -135,7 +135,7 @@ pub(super) fn own(conn: &mut Connection, instance: &str, claim: &Owner) -> Resul
     Ok(owner)
 }
 
-pub(super) fn owner(conn: &mut Connection, instance: &str) -> Result<Option<Owner>, StoreError> {
+pub(super) fn owner(conn: &mut Connection, instance: &str) -> Result<Option<Owner>, StateError> {
     let what = || format!("reading the owner of instance {instance}");
     conn.query_row("SELECT team, user_name FROM owners WHERE instance = ?1", [instance], |row| {
         Ok(Owner { team: row.get(0)?, user: row.get(1)? })
@@ -144,7 +144,7 @@ pub(super) fn owner(conn: &mut Connection, instance: &str) -> Result<Option<Owne
     .ctx(what)
 }
 
-pub(super) fn append_audit(conn: &mut Connection, a: &AuditRow) -> Result<(), StoreError> {
+pub(super) fn append_audit(conn: &mut Connection, a: &AuditRow) -> Result<(), StateError> {
     let what = || format!("writing the audit log ({} {})", a.action, a.target);
     conn.execute(
         "INSERT INTO audit (at_ms, actor, action, target, address, outcome) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -154,7 +154,7 @@ pub(super) fn append_audit(conn: &mut Connection, a: &AuditRow) -> Result<(), St
     Ok(())
 }
 
-pub(super) fn audit(conn: &mut Connection, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StoreError> {
+pub(super) fn audit(conn: &mut Connection, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StateError> {
     let what = || "reading the audit log".to_owned();
     let mut stmt = conn
         .prepare(

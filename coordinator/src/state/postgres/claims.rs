@@ -8,7 +8,7 @@ use deadpool_postgres::Transaction;
 use super::converges::state_of;
 use super::{execute, int, query, uint, Ctx};
 use crate::model::{Claim, ConvergeId, ConvergeState};
-use crate::store::StoreError;
+use crate::state::StateError;
 
 pub(super) async fn claim(
     tx: &Transaction<'_>,
@@ -16,7 +16,7 @@ pub(super) async fn claim(
     refs: &[String],
     expires_ms: u64,
     what: &str,
-) -> Result<(), StoreError> {
+) -> Result<(), StateError> {
     require_running(tx, id, what).await?;
     // One statement for every ref; `DISTINCT`, because `ON CONFLICT DO UPDATE` refuses to touch a
     // row twice in one statement.
@@ -37,7 +37,7 @@ pub(super) async fn renew(
     id: &ConvergeId,
     expires_ms: u64,
     what: &str,
-) -> Result<usize, StoreError> {
+) -> Result<usize, StateError> {
     require_running(tx, id, what).await?;
     let renewed =
         execute(tx, "UPDATE claims SET expires_ms = $2 WHERE converge_id = $1", &[&id.as_str(), &int(expires_ms)])
@@ -46,12 +46,12 @@ pub(super) async fn renew(
     Ok(renewed as usize)
 }
 
-pub(super) async fn release(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<(), StoreError> {
+pub(super) async fn release(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<(), StateError> {
     execute(tx, "DELETE FROM claims WHERE converge_id = $1", &[&id.as_str()]).await.ctx(what)?;
     Ok(())
 }
 
-pub(super) async fn live(tx: &Transaction<'_>, now_ms: u64, what: &str) -> Result<Vec<Claim>, StoreError> {
+pub(super) async fn live(tx: &Transaction<'_>, now_ms: u64, what: &str) -> Result<Vec<Claim>, StateError> {
     execute(tx, "DELETE FROM claims WHERE expires_ms <= $1", &[&int(now_ms)]).await.ctx(what)?;
     let rows = query(
         tx,
@@ -70,10 +70,10 @@ pub(super) async fn live(tx: &Transaction<'_>, now_ms: u64, what: &str) -> Resul
         .collect())
 }
 
-async fn require_running(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<(), StoreError> {
+async fn require_running(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<(), StateError> {
     match state_of(tx, id, "FOR SHARE", what).await? {
-        None => Err(StoreError::UnknownConverge { id: id.clone() }),
+        None => Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => Ok(()),
-        Some(state) => Err(StoreError::ConvergeFinished { id: id.clone(), state }),
+        Some(state) => Err(StateError::ConvergeFinished { id: id.clone(), state }),
     }
 }

@@ -7,14 +7,14 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::converges::state_of;
 use super::Ctx;
 use crate::model::{Claim, ConvergeId, ConvergeState};
-use crate::store::StoreError;
+use crate::state::StateError;
 
 pub(super) fn claim(
     conn: &mut Connection,
     id: &ConvergeId,
     refs: &[String],
     expires_ms: u64,
-) -> Result<(), StoreError> {
+) -> Result<(), StateError> {
     let what = || format!("claiming refs for converge {id}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     require_running(&tx, id)?;
@@ -32,7 +32,7 @@ pub(super) fn claim(
     tx.commit().ctx(what)
 }
 
-pub(super) fn renew(conn: &mut Connection, id: &ConvergeId, expires_ms: u64) -> Result<usize, StoreError> {
+pub(super) fn renew(conn: &mut Connection, id: &ConvergeId, expires_ms: u64) -> Result<usize, StateError> {
     let what = || format!("renewing the claims of converge {id}");
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     require_running(&tx, id)?;
@@ -42,13 +42,13 @@ pub(super) fn renew(conn: &mut Connection, id: &ConvergeId, expires_ms: u64) -> 
     Ok(renewed)
 }
 
-pub(super) fn release(conn: &mut Connection, id: &ConvergeId) -> Result<(), StoreError> {
+pub(super) fn release(conn: &mut Connection, id: &ConvergeId) -> Result<(), StateError> {
     let what = || format!("releasing the claims of converge {id}");
     conn.execute("DELETE FROM claims WHERE converge_id = ?1", [id.as_str()]).ctx(what)?;
     Ok(())
 }
 
-pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, StoreError> {
+pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, StateError> {
     let what = || "listing live claims".to_owned();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
     tx.execute("DELETE FROM claims WHERE expires_ms <= ?1", [now_ms]).ctx(what)?;
@@ -57,7 +57,7 @@ pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, Sto
     Ok(claims)
 }
 
-fn all(conn: &Connection) -> Result<Vec<Claim>, StoreError> {
+fn all(conn: &Connection) -> Result<Vec<Claim>, StateError> {
     let what = || "listing live claims".to_owned();
     let mut stmt = conn
         .prepare("SELECT converge_id, reference, expires_ms FROM claims ORDER BY reference, converge_id")
@@ -74,10 +74,10 @@ fn all(conn: &Connection) -> Result<Vec<Claim>, StoreError> {
     rows.collect::<Result<Vec<_>, _>>().ctx(what)
 }
 
-fn require_running(conn: &Connection, id: &ConvergeId) -> Result<(), StoreError> {
+fn require_running(conn: &Connection, id: &ConvergeId) -> Result<(), StateError> {
     match state_of(conn, id)? {
-        None => Err(StoreError::UnknownConverge { id: id.clone() }),
+        None => Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => Ok(()),
-        Some(state) => Err(StoreError::ConvergeFinished { id: id.clone(), state }),
+        Some(state) => Err(StateError::ConvergeFinished { id: id.clone(), state }),
     }
 }

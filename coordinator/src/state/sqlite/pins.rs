@@ -5,10 +5,10 @@ use rusqlite::Connection;
 
 use super::Ctx;
 use crate::model::Pin;
-use crate::store::StoreError;
+use crate::state::StateError;
 
 /// Inserts the pin; false when the ref was already pinned (the first pin's time and author stay).
-pub(super) fn pin(conn: &mut Connection, now_ms: u64, reference: &str, by: &str) -> Result<bool, StoreError> {
+pub(super) fn pin(conn: &mut Connection, now_ms: u64, reference: &str, by: &str) -> Result<bool, StateError> {
     let what = || format!("pinning {reference}");
     let inserted = conn
         .execute(
@@ -20,13 +20,13 @@ pub(super) fn pin(conn: &mut Connection, now_ms: u64, reference: &str, by: &str)
 }
 
 /// Deletes the pin; false when there was none.
-pub(super) fn unpin(conn: &mut Connection, reference: &str) -> Result<bool, StoreError> {
+pub(super) fn unpin(conn: &mut Connection, reference: &str) -> Result<bool, StateError> {
     let what = || format!("unpinning {reference}");
     let deleted = conn.execute("DELETE FROM pins WHERE reference = ?1", [reference]).ctx(what)?;
     Ok(deleted == 1)
 }
 
-pub(super) fn all(conn: &mut Connection) -> Result<Vec<Pin>, StoreError> {
+pub(super) fn all(conn: &mut Connection) -> Result<Vec<Pin>, StateError> {
     let what = || "listing pins".to_owned();
     let mut stmt = conn.prepare("SELECT reference, pinned_at_ms, pinned_by FROM pins ORDER BY reference").ctx(what)?;
     let rows = stmt

@@ -21,4 +21,4 @@ mod runner;
 pub mod stores;
 mod tasks;
 
-pub use runner::{node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError};
+pub use runner::{coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError};

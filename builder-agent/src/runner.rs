@@ -24,7 +24,8 @@ use tonic::transport::{Channel, Endpoint};
 /// What an agent needs to run.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The coordinator's URL, e.g. `http://127.0.0.1:7070`.
+    /// The coordinator's URL, e.g. `http://127.0.0.1:7070`; a farm's several coordinators as a
+    /// comma-separated list, of which the agent finds the active one.
     pub coordinator: String,
     /// Stable id of this agent (defaults to the host name).
     pub agent_id: String,
@@ -41,6 +42,11 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
+    /// The coordinators' URLs, in the order given.
+    pub fn coordinators(&self) -> Vec<String> {
+        coordinator_urls(&self.coordinator)
+    }
+
     /// The slots announced: as configured, else one per core.
     pub fn slots(&self) -> u32 {
         match self.slots {
@@ -142,40 +148,58 @@ async fn serve(
         err,
     })?;
     remove_leftovers(&config.scratch_dir);
-    let mut endpoint = Endpoint::from_shared(config.coordinator.clone())
-        .map_err(|_| RunError::BadUrl { agent: config.agent_id.clone(), url: config.coordinator.clone() })?
-        .connect_timeout(Duration::from_secs(5));
+    let urls = config.coordinators();
+    let bad_url = |url: &str| RunError::BadUrl { agent: config.agent_id.clone(), url: url.to_string() };
+    if urls.is_empty() {
+        return Err(bad_url(&config.coordinator));
+    }
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(shutdown);
     let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
     let mut failing_since: Option<Instant> = None;
+    // Which of the farm's coordinators is tried next, and the active one a standby named.
+    let mut next = 0;
+    let mut redirect: Option<String> = None;
     loop {
+        let url = redirect.take().unwrap_or_else(|| urls[next % urls.len()].clone());
+        let mut endpoint =
+            Endpoint::from_shared(url.clone()).map_err(|_| bad_url(&url))?.connect_timeout(Duration::from_secs(5));
         // Read per session: a renewed certificate is used from the next connection on.
         if let Some(identity) = &config.identity {
             let tls = identity.tls().map_err(|err| RunError::Identity { agent: config.agent_id.clone(), err })?;
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|_| RunError::BadUrl { agent: config.agent_id.clone(), url: config.coordinator.clone() })?;
+            endpoint = endpoint.tls_config(tls).map_err(|_| bad_url(&url))?;
         }
-        match session(&config, &endpoint, served.clone(), &mut shutdown).await {
+        let why = match session(&config, &url, &endpoint, served.clone(), &mut shutdown).await {
             Session::Stopped => return Ok(()),
-            Session::Refused(why) => {
-                return Err(RunError::Refused { agent: config.agent_id.clone(), url: config.coordinator.clone(), why })
+            Session::Refused(why) => return Err(RunError::Refused { agent: config.agent_id.clone(), url, why }),
+            Session::Standby { active } => {
+                tracing::info!(agent = %config.agent_id, %url, %active, "that coordinator stands by; going to the active one");
+                redirect = Some(active);
+                // The active one is tried at once; the list resumes after the standby.
+                next += 1;
+                continue;
             }
             Session::Broken { was_connected, why } => {
                 if was_connected {
                     ladder.reset();
                     failing_since = None;
                 }
-                let since = *failing_since.get_or_insert_with(Instant::now);
-                let sleep = ladder.next_sleep(since.elapsed()).unwrap_or(Duration::from_secs(5));
-                tracing::warn!(agent = %config.agent_id, url = %config.coordinator, %why, retry_ms = sleep.as_millis() as u64, "coordinator stream lost; reconnecting");
-                tokio::select! {
-                    _ = tokio::time::sleep(sleep) => {}
-                    _ = &mut shutdown => return Ok(()),
-                }
+                next += 1;
+                why
             }
+        };
+        let since = *failing_since.get_or_insert_with(Instant::now);
+        let sleep = ladder.next_sleep(since.elapsed()).unwrap_or(Duration::from_secs(5));
+        tracing::warn!(agent = %config.agent_id, %url, %why, retry_ms = sleep.as_millis() as u64, "coordinator stream lost; reconnecting");
+        tokio::select! {
+            _ = tokio::time::sleep(sleep) => {}
+            _ = &mut shutdown => return Ok(()),
         }
     }
+}
+
+/// The URLs of `--coordinator a,b,c`: a farm's coordinators, of which one is active.
+pub fn coordinator_urls(list: &str) -> Vec<String> {
+    list.split(',').map(str::trim).filter(|url| !url.is_empty()).map(str::to_string).collect()
 }
 
 /// Context archives an agent killed mid-build left in its scratch directory: no task runs before
@@ -199,7 +223,14 @@ fn remove_leftovers(scratch: &std::path::Path) {
 enum Session {
     Stopped,
     Refused(String),
-    Broken { was_connected: bool, why: String },
+    /// The coordinator reached stands by; `active` is where the farm's active one serves.
+    Standby {
+        active: String,
+    },
+    Broken {
+        was_connected: bool,
+        why: String,
+    },
 }
 
 /// The hello: who the agent is and the stores it holds now (`host_stores` for a host agent).
@@ -240,6 +271,7 @@ pub fn node_store_id(agent_id: &str, removal: RemovalMode) -> String {
 
 async fn session(
     config: &AgentConfig,
+    url: &str,
     endpoint: &Endpoint,
     served: Served,
     shutdown: &mut Pin<Box<dyn Future<Output = ()> + Send>>,
@@ -248,7 +280,7 @@ async fn session(
     let channel: Channel = tokio::select! {
         c = endpoint.connect() => match c {
             Ok(c) => c,
-            Err(e) => return broken(false, format!("connect {}: {}", config.coordinator, source_text(&e))),
+            Err(e) => return broken(false, format!("connect {url}: {}", source_text(&e))),
         },
         _ = &mut *shutdown => return Session::Stopped,
     };
@@ -259,7 +291,7 @@ async fn session(
     };
     let _ = tx.send(hello(config, &served, host_stores.clone())).await;
     if let Some(identity) = &config.identity {
-        match crate::enroll::renew_if_due(&config.coordinator, channel.clone(), identity, now_ms()).await {
+        match crate::enroll::renew_if_due(url, channel.clone(), identity, now_ms()).await {
             Ok(_) => {}
             Err(err) => {
                 tracing::warn!(agent = %config.agent_id, error = %kiln_core::error_chain(&err), "certificate renewal failed; retried at the next connection")
@@ -269,7 +301,16 @@ async fn session(
     let mut client = pb::agent_hub_client::AgentHubClient::new(channel.clone());
     let mut inbound = match client.connect(ReceiverStream::new(rx)).await {
         Ok(r) => r.into_inner(),
-        Err(status) => return broken(false, format!("connect {}: {}", config.coordinator, status.message())),
+        Err(status) => {
+            // A standby answers with where the active coordinator is; one naming itself is no lead.
+            let active = status.metadata().get("kiln-active").and_then(|v| v.to_str().ok()).map(str::to_string);
+            return match active {
+                Some(active) if status.code() == tonic::Code::Unavailable && active != url => {
+                    Session::Standby { active }
+                }
+                _ => broken(false, format!("connect {url}: {}", status.message())),
+            };
+        }
     };
     let heartbeat = match inbound.message().await {
         Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Welcome(w)) })) => {
@@ -281,7 +322,7 @@ async fn session(
         Ok(_) => return broken(false, "the coordinator did not welcome the agent".to_string()),
         Err(status) => return broken(false, status.message().to_string()),
     };
-    tracing::info!(agent = %config.agent_id, url = %config.coordinator, "connected to the coordinator");
+    tracing::info!(agent = %config.agent_id, %url, "connected to the coordinator");
     let dispatch = match served {
         Served::Host(store) => Dispatch::Host(Arc::new(tasks::TaskContext {
             store,

@@ -103,6 +103,9 @@ pub struct Link {
     pub channel: Channel,
     /// How long transport failures of reads are retried.
     pub window: Duration,
+    /// Several coordinators were given (`--coordinator a,b`): a farm that fails over, whose
+    /// active one this link reached.
+    pub farm: bool,
 }
 
 /// A single attempt never waits longer than this for the TCP handshake, so an address that drops
@@ -155,7 +158,14 @@ pub async fn dial(url: &str, window: Duration) -> Result<Link, CliError> {
 }
 
 /// [`dial`] with credentials: the CA to trust, and the token every call carries.
+///
+/// `url` may list a farm's several coordinators, comma-separated: the one that is active is found.
 pub async fn dial_with(url: &str, window: Duration, credentials: &Credentials) -> Result<Link, CliError> {
+    let urls: Vec<&str> = url.split(',').map(str::trim).filter(|u| !u.is_empty()).collect();
+    if urls.len() > 1 {
+        return dial_farm(&urls, window, credentials).await;
+    }
+    let url = urls.first().copied().unwrap_or(url);
     let endpoint = endpoint_with(url, credentials.ca_pem.as_deref())?;
     let bearer = Bearer::new(credentials.token.as_deref())?;
     let channel = on_ladder("kiln.connect", url, window, || {
@@ -181,7 +191,53 @@ pub async fn dial_with(url: &str, window: Duration, credentials: &Credentials) -
         other => other,
     })?;
     let channel = InterceptedService::new(channel, bearer);
-    Ok(Link { url: url.to_string(), at: format!("the coordinator at {url}"), channel, window })
+    Ok(Link { url: url.to_string(), at: format!("the coordinator at {url}"), channel, window, farm: false })
+}
+
+/// Connects to the active one of a farm's coordinators: each is asked, in turn, whether it serves
+/// (the standard gRPC health check, which a standby answers NOT_SERVING); none yet — a failover
+/// in progress — is retried on the ladder for `window`.
+async fn dial_farm(urls: &[&str], window: Duration, credentials: &Credentials) -> Result<Link, CliError> {
+    let endpoints = urls
+        .iter()
+        .map(|url| Ok((url.to_string(), endpoint_with(url, credentials.ca_pem.as_deref())?)))
+        .collect::<Result<Vec<_>, CliError>>()?;
+    let bearer = Bearer::new(credentials.token.as_deref())?;
+    let all = urls.join(",");
+    let (url, channel) = on_ladder("kiln.connect", &all, window, || {
+        let endpoints = endpoints.clone();
+        async move {
+            let mut why = Vec::new();
+            for (url, endpoint) in endpoints {
+                match endpoint.connect().await {
+                    Err(err) => why.push(format!("{url}: {}", reason(&err))),
+                    Ok(channel) => match serving(channel.clone()).await {
+                        Ok(true) => return Ok((url, channel)),
+                        Ok(false) => why.push(format!("{url} stands by")),
+                        Err(status) => why.push(format!("{url}: {}", status.message())),
+                    },
+                }
+            }
+            Err(Attempt::Retry(format!("no coordinator is active: {}", why.join("; "))))
+        }
+    })
+    .await?;
+    let channel = InterceptedService::new(channel, bearer);
+    Ok(Link { at: format!("the coordinator at {url}"), url, channel, window, farm: true })
+}
+
+/// Whether the coordinator on `channel` serves the Kiln API: the active one of its farm.
+async fn serving(channel: tonic::transport::Channel) -> Result<bool, tonic::Status> {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let request = HealthCheckRequest { service: "kiln.v1.Kiln".to_string() };
+    let reply = HealthClient::new(channel).check(request).await?.into_inner();
+    Ok(reply.status == ServingStatus::Serving as i32)
+}
+
+/// The active coordinator a standby named in its answer, if the answer came from one.
+pub fn standby_named(status: &tonic::Status) -> Option<Option<String>> {
+    status.metadata().get("kiln-standby")?;
+    Some(status.metadata().get("kiln-active").and_then(|v| v.to_str().ok()).map(str::to_string))
 }
 
 /// Whether a connection failure reads as TLS on one side and plaintext (or another CA) on the other.
@@ -269,8 +325,12 @@ where
             match attempt.await {
                 Ok(value) => Ok(value),
                 Err(status) => {
-                    let retry =
-                        status.code() == tonic::Code::Unavailable && (kind == Kind::Read || never_delivered(&status));
+                    // A standby did nothing, so any call may be asked again — of it, once it
+                    // takes over; one that named the active coordinator sends the user there.
+                    let standby = standby_named(&status);
+                    let retry = status.code() == tonic::Code::Unavailable
+                        && (kind == Kind::Read || never_delivered(&status) || standby == Some(None));
+                    let retry = retry && !matches!(standby, Some(Some(_)));
                     if retry {
                         return Err(Attempt::Retry(reason(&status)));
                     }
@@ -302,6 +362,9 @@ pub fn refused_by(link: &Link, call: &'static str, status: tonic::Status) -> Cli
             reason: format!("the connection broke as soon as it was used ({})", status.message()),
         };
     }
+    if let Some(Some(active)) = standby_named(&status) {
+        return CliError::Standby { at: link.at.clone(), active };
+    }
     if status.code() == tonic::Code::Unavailable {
         return CliError::Unreachable { at: link.at.clone(), reason: reason(&status) };
     }
@@ -314,6 +377,13 @@ pub fn refused_by(link: &Link, call: &'static str, status: tonic::Status) -> Cli
 pub fn broke(link: &Link, call: &'static str, converge_id: &str, status: tonic::Status) -> CliError {
     // A status the coordinator sent has no source; one made from a transport error has one.
     let transport = std::error::Error::source(&status).is_some() || status.code() == tonic::Code::Unavailable;
+    if transport && link.farm && standby_named(&status).is_none() {
+        return CliError::FailedOver {
+            at: link.at.clone(),
+            converge_id: converge_id.to_string(),
+            reason: reason(&status),
+        };
+    }
     if transport {
         return CliError::WentAway {
             at: link.at.clone(),

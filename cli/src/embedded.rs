@@ -108,7 +108,7 @@ impl Embedded {
             connect::endpoint(&self.url)?.connect_lazy(),
             connect::Bearer::new(None)?,
         );
-        let link = Link { url: self.url.clone(), at: self.site.describe(), channel, window };
+        let link = Link { url: self.url.clone(), at: self.site.describe(), channel, window, farm: false };
         let mut client = KilnClient::new(link.channel.clone());
         let agent_id = self.site.agent_id();
         let deadline = tokio::time::Instant::now() + AGENT_WAIT;

@@ -67,6 +67,12 @@ pub enum CliError {
     /// is reported failed when it is back (its claims expire on their lease).
     #[error("{at} went away during the converge ({reason}) — once it is back, `kiln logs {converge_id}` shows how it ended; run `kiln up` again")]
     WentAway { at: String, converge_id: String, reason: String },
+    /// The same, when the user gave a farm's several coordinators: a standby takes over.
+    #[error("coordinator failed over during the converge; run `kiln up` again ({at} went away: {reason}; `kiln logs {converge_id}` shows how it ended)")]
+    FailedOver { at: String, converge_id: String, reason: String },
+    /// A farm's standby answered: nothing was done; the active coordinator is elsewhere.
+    #[error("{at} stands by; the farm's active coordinator is at {active} — pass --coordinator {active} (or list the farm's coordinators, comma-separated)")]
+    Standby { at: String, active: String },
     #[error("no home for the embedded coordinator — set KILN_HOME (or HOME), or pass --coordinator URL")]
     NoHome,
     #[error("cannot prepare KILN_HOME {path}")]
@@ -144,6 +150,8 @@ impl CliError {
             CliError::Unreachable { .. }
             | CliError::TlsMismatch { .. }
             | CliError::WentAway { .. }
+            | CliError::FailedOver { .. }
+            | CliError::Standby { .. }
             | CliError::CoordinatorDown { .. }
             | CliError::CoordinatorStopped { .. }
             | CliError::AgentDown { .. }

@@ -6,12 +6,14 @@ use crate::contexts::{ContentService, Contexts};
 use crate::engine::Engine;
 use crate::hub::{Hub, HubService};
 use crate::relay::{Relay, RelayService};
-use crate::state::leadership::{self, LeasePolicy, Lost};
+use crate::state::leadership::{self, Activity, Held, LeasePolicy, Lost};
+use crate::state::StateStore;
 use kiln_proto::v1 as pb;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// What a coordinator needs to run.
 #[derive(Clone, Debug)]
@@ -44,6 +46,12 @@ pub struct Config {
     /// A task with no sign of life this long (no progress, not named by its agent's heartbeats)
     /// is given up and its build queued again elsewhere.
     pub task_deadline: Duration,
+    /// The URL clients and agents reach this coordinator by (`--advertise`), which its standbys
+    /// name to callers; by default the scheme and the address it listens on.
+    pub advertise: Option<String>,
+    /// How long a stopping coordinator (SIGTERM) lets running calls end before it fails what is
+    /// left and hands on the lease.
+    pub shutdown_grace: Duration,
     /// How long a build waits for a warm agent (one holding its image or its context's layers)
     /// before it takes any free one.
     pub affinity_wait: Duration,
@@ -85,6 +93,8 @@ impl Config {
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             task_deadline: Duration::from_secs(30),
             affinity_wait: Duration::from_secs(2),
+            advertise: None,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -119,12 +129,14 @@ pub enum ServeError {
 
 /// Serves the coordinator's gRPC services on `listener` until `shutdown` resolves.
 ///
-/// On a farm's PostgreSQL state, it first stands by until it holds the farm's lease, and stops
-/// serving if the lease is lost (the store refuses its writes from then on anyway).
+/// On a farm's PostgreSQL state it serves at once but stands by until it holds the farm's lease:
+/// meanwhile every call but health is answered `Unavailable` with where the active coordinator
+/// is, and health says NOT_SERVING. It stops serving if the lease is lost (the state refuses its
+/// writes from then on anyway); its process manager starts it again, as a standby.
 ///
-/// At start every converge the state still shows running is marked failed: its coordinator died
-/// under it. Its claims are left to expire on their lease, so a sweep cannot take what it was
-/// about to deliver while its client may still be retrying.
+/// On taking the lease every converge the state still shows running is marked failed: its
+/// coordinator died under it. Its claims are left to expire on their lease, so a sweep cannot
+/// take what it was about to deliver while its client may still be retrying.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     config: Config,
@@ -133,23 +145,33 @@ pub async fn serve(
     let dir = config.state_dir.clone();
     let state_err = |err| ServeError::State { dir: dir.clone(), err };
     let store = crate::state::open(&dir, config.database.as_deref()).await.map_err(state_err)?;
-    // A read-only coordinator changes nothing, so it takes no lease: it serves beside the leader.
-    let held = match config.read_only {
+    let advertise = config.advertise.clone().unwrap_or_else(|| default_advertise(&listener, config.tls.is_some()));
+    let holder = leadership::holder_id();
+    // One attempt before serving: the embedded coordinator (always leading) and a farm's first
+    // coordinator never answer a call as a standby.
+    let first = match config.read_only {
         true => None,
-        false => {
-            let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-            let holder = leadership::holder_id();
-            Some(leadership::lead(store.clone(), &holder, &addr, config.lease).await.map_err(state_err)?)
-        }
+        false => leadership::try_lead(store.clone(), &holder, &advertise, config.lease).await.map_err(state_err)?,
     };
-    if !config.read_only {
-        let failed = store
-            .fail_in_flight("the coordinator restarted while it ran")
-            .await
-            .map_err(|err| ServeError::State { dir: dir.clone(), err })?;
-        for id in failed {
-            tracing::warn!(converge = %id, "converge was in flight when the coordinator stopped; marked failed");
-        }
+    let (activity_tx, activity) = watch::channel(Activity::Standby { active: None });
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let reason = if config.database.is_some() {
+        "coordinator failed over during the converge; run `kiln up` again"
+    } else {
+        "the coordinator restarted while it ran; run `kiln up` again"
+    };
+    let mut held = None;
+    if config.read_only {
+        // A read-only coordinator changes nothing, so it takes no lease: it serves beside the leader.
+        activity_tx.send_replace(Activity::Active);
+        health.set_serving::<pb::kiln_server::KilnServer<KilnService>>().await;
+    } else if let Some(first) = first {
+        fail_running(&*store, reason).await.map_err(state_err)?;
+        activity_tx.send_replace(Activity::Active);
+        health.set_serving::<pb::kiln_server::KilnServer<KilnService>>().await;
+        held = Some(first);
+    } else {
+        health.set_not_serving::<pb::kiln_server::KilnServer<KilnService>>().await;
     }
     let contexts_dir = dir.join("contexts");
     let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only)
@@ -157,7 +179,7 @@ pub async fn serve(
         .with_upload_limit(config.max_upload_bytes);
     let verifier = Arc::new(crate::trust::Verifier::new(store.clone()));
     let mode = if config.tls.is_some() { crate::trust::Mode::Verified } else { crate::trust::Mode::Open };
-    let guard = crate::trust::Guard { mode, verifier };
+    let guard = crate::trust::Guard { mode, verifier, activity };
     let enrollment = crate::trust::enroll::EnrollService {
         store: store.clone(),
         authority: config.tls.as_ref().and_then(|t| t.authority.clone()),
@@ -179,8 +201,11 @@ pub async fn serve(
     }
     let relay_dir = dir.join("relay");
     let relay = Relay::open(relay_dir.clone()).map_err(|err| ServeError::Relay { dir: relay_dir, err })?;
+    let lease = config.lease;
+    let grace = config.shutdown_grace;
+    let standing_by = !config.read_only && held.is_none();
     let engine = Arc::new(Engine {
-        store,
+        store: store.clone(),
         hub: hub.clone(),
         contexts: Arc::new(contexts),
         relay: relay.clone(),
@@ -188,11 +213,35 @@ pub async fn serve(
         running: Default::default(),
     });
     let contexts = engine.contexts.clone();
+    // Leading: the lease taken above, or — for a standby — the one it waits for. Ends when the
+    // lease is lost, with why; the lease itself stays in `slot`, for a clean stop to resign it.
+    let slot = Arc::new(std::sync::Mutex::new(held));
+    let leading = {
+        let slot = slot.clone();
+        async move {
+            let signal = slot.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(Held::lost_signal);
+            let signal = match signal {
+                Some(signal) => signal,
+                None if !standing_by => return std::future::pending().await,
+                None => {
+                    let held = leadership::lead(store.clone(), &holder, &advertise, lease, &activity_tx).await?;
+                    fail_running(&*store, reason).await?;
+                    activity_tx.send_replace(Activity::Active);
+                    health.set_serving::<pb::kiln_server::KilnServer<KilnService>>().await;
+                    let signal = held.lost_signal();
+                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(held);
+                    signal
+                }
+            };
+            let lost = signal.await;
+            health.set_not_serving::<pb::kiln_server::KilnServer<KilnService>>().await;
+            Ok::<_, crate::state::StateError>(lost)
+        }
+    };
     // Nagle off: a converge is a few small messages, and each would wait ~40 ms for an ACK.
     // Windows larger than one 1 MiB upload chunk, so a context streams without stalling; frames up
     // to 1 MiB, so a chunk crosses in one frame instead of sixty-four (+17 % upload throughput).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let mut lost = None;
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         // Client certificates are optional at the handshake: users come with tokens, agents with
@@ -203,12 +252,14 @@ pub async fn serve(
             .client_auth_optional(true);
         server = server.tls_config(config).map_err(ServeError::Tls)?;
     }
-    server
+    let (drain, draining) = tokio::sync::oneshot::channel::<()>();
+    let serving = server
         .layer(guard)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20))
         .max_frame_size(Some(1 << 20))
-        .add_service(pb::kiln_server::KilnServer::new(KilnService { engine }))
+        .add_service(health_service)
+        .add_service(pb::kiln_server::KilnServer::new(KilnService { engine: engine.clone() }))
         // Every message is decoded whole before a handler sees it, so its size is a buffer an
         // unauthenticated client chooses: uploads are cut in 1 MiB chunks, and a message of the other
         // services stays at tonic's 4 MiB default.
@@ -220,27 +271,62 @@ pub async fn serve(
         .add_service(pb::image_relay_server::ImageRelayServer::new(RelayService { relay }))
         .add_service(pb::enrollment_server::EnrollmentServer::new(enrollment))
         .serve_with_incoming_shutdown(incoming, async {
-            let lost_lease = async {
-                match &held {
-                    Some(held) => held.lost().await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = shutdown => {}
-                reason = lost_lease => lost = Some(reason),
+            let _ = draining.await;
+        });
+    tokio::pin!(serving, leading, shutdown);
+    tokio::select! {
+        served = &mut serving => served.map_err(ServeError::Transport)?,
+        // A lost lease stops everything at once: every write would be refused anyway, and a call
+        // left running here would only tell its client something the farm no longer holds.
+        outcome = &mut leading => {
+            return Err(match outcome {
+                Ok(lost) => ServeError::Lost(lost),
+                Err(err) => ServeError::State { dir, err },
+            })
+        }
+        () = &mut shutdown => {
+            // SIGTERM: no new calls; running converges get the grace period to end, then what
+            // is left is failed with a reason and the lease handed on at once.
+            let _ = drain.send(());
+            if tokio::time::timeout(grace, &mut serving).await.is_err() {
+                tracing::warn!(grace_s = grace.as_secs(), "calls still running after the shutdown grace period; ending them");
             }
-        })
-        .await
-        .map_err(ServeError::Transport)?;
-    if let Some(lost) = lost {
-        return Err(ServeError::Lost(lost));
+        }
     }
-    // A clean stop hands the lease on at once; if that fails, a standby waits out the TTL.
+    let held = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
     if let Some(held) = held {
+        if let Err(err) =
+            fail_running(&*engine.store, "the coordinator shut down during the converge; run `kiln up` again").await
+        {
+            tracing::warn!(error = %kiln_core::error_chain(&err), "could not mark the running converges failed");
+        }
         if let Err(err) = held.resign().await {
             tracing::warn!(error = %kiln_core::error_chain(&err), "could not resign the farm's lease");
         }
     }
     Ok(())
+}
+
+/// Fails the converges the state shows running, with `reason`: on becoming the active coordinator
+/// (its predecessor's, which nothing drives any more) and on stopping (its own, past the grace).
+async fn fail_running(store: &dyn StateStore, reason: &str) -> Result<(), crate::state::StateError> {
+    for id in store.fail_in_flight(reason).await? {
+        tracing::warn!(converge = %id, "converge was in flight when its coordinator stopped; marked failed");
+    }
+    Ok(())
+}
+
+/// The URL a coordinator is reached by when `--advertise` is not given: the scheme it speaks and
+/// the address it listens on — with the host's name instead of a wildcard address.
+fn default_advertise(listener: &tokio::net::TcpListener, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    match listener.local_addr() {
+        Ok(addr) if addr.ip().is_unspecified() => {
+            let host = leadership::holder_id();
+            let host = host.rsplit_once('/').map_or(host.as_str(), |(h, _)| h);
+            format!("{scheme}://{host}:{}", addr.port())
+        }
+        Ok(addr) => format!("{scheme}://{addr}"),
+        Err(_) => format!("{scheme}://unknown"),
+    }
 }

@@ -19,7 +19,7 @@ use kiln_coordinator::model::{
     RecordedKind,
 };
 use kiln_coordinator::state::{
-    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, StateStore, StateError, POSTGRES_SCHEMA_VERSION,
+    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, StateError, StateStore, POSTGRES_SCHEMA_VERSION,
     SCHEMA_VERSION,
 };
 use kiln_e2e::postgres::{Database, Postgres};
@@ -709,7 +709,8 @@ async fn leadership_is_always_held_on_sqlite() {
 /// Fencing, leases and connections: what only a farm's PostgreSQL store has.
 mod postgres_only {
     use super::*;
-    use kiln_coordinator::state::leadership::{lead, LeasePolicy, Lost};
+    use kiln_coordinator::state::leadership::{lead, Activity, LeasePolicy, Lost};
+    use tokio::sync::watch;
     use tokio::time::Instant;
 
     const A: &str = "10.0.0.1:7070";
@@ -856,8 +857,17 @@ mod postgres_only {
         let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
         let policy =
             LeasePolicy { ttl: LONG, renew_every: Duration::from_millis(20), poll_every: Duration::from_millis(20) };
-        let held_a = lead(a, "coord-a", A, policy).await.unwrap();
-        let standby = tokio::spawn(async move { lead(b, "coord-b", B, policy).await.unwrap() });
+        let (a_says, _) = watch::channel(Activity::Standby { active: None });
+        let held_a = lead(a, "coord-a", A, policy, &a_says).await.unwrap();
+        let (b_says, mut b_heard) = watch::channel(Activity::Standby { active: None });
+        let standby = tokio::spawn(async move { lead(b, "coord-b", B, policy, &b_says).await.unwrap() });
+        // While it waits, B names where the leader serves, so callers reaching B are sent to A.
+        let named = tokio::time::timeout(PATIENCE, b_heard.wait_for(|a| *a != Activity::Standby { active: None }))
+            .await
+            .expect("B named the leader")
+            .unwrap()
+            .clone();
+        assert_eq!(named, Activity::Standby { active: Some(A.to_string()) });
         let token_a = held_a.leadership().token;
         held_a.resign().await.unwrap();
         let held_b = tokio::time::timeout(PATIENCE, standby).await.expect("B took over").unwrap();

@@ -40,6 +40,8 @@ pub struct SimHost {
     fail: Mutex<Vec<String>>,
     /// While set, builds never finish: a build host wedged mid-build.
     pub hang: AtomicBool,
+    /// Builds of tags containing one of these never finish.
+    hang_of: Mutex<Vec<String>>,
 }
 
 impl SimHost {
@@ -53,6 +55,7 @@ impl SimHost {
             builds: Mutex::new(Vec::new()),
             fail: Mutex::new(Vec::new()),
             hang: AtomicBool::new(false),
+            hang_of: Mutex::new(Vec::new()),
         })
     }
 
@@ -63,6 +66,16 @@ impl SimHost {
     /// Builds of any tag containing `pattern` fail from now on.
     pub fn fail_builds_of(&self, pattern: &str) {
         self.fail.lock().unwrap().push(pattern.to_string());
+    }
+
+    /// Builds of any tag containing `pattern` never finish from now on (until the task is dropped).
+    pub fn hang_builds_of(&self, pattern: &str) {
+        self.hang_of.lock().unwrap().push(pattern.to_string());
+    }
+
+    /// Builds held by [`SimHost::hang_builds_of`] finish now.
+    pub fn clear_hangs(&self) {
+        self.hang_of.lock().unwrap().clear();
     }
 
     /// Every build begun here, in order.
@@ -115,7 +128,8 @@ impl HostStore for SimHost {
         let _ = log.send(format!("sim {}: building {}", self.name, spec.tag)).await;
         let time = *self.build_time.lock().unwrap();
         tokio::time::sleep(time).await;
-        while self.hang.load(Ordering::SeqCst) {
+        let hangs = |tag: &str| self.hang_of.lock().unwrap().iter().any(|p| tag.contains(p.as_str()));
+        while self.hang.load(Ordering::SeqCst) || hangs(&spec.tag) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if self.fail.lock().unwrap().iter().any(|p| spec.tag.contains(p.as_str())) {

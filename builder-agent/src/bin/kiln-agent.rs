@@ -11,7 +11,8 @@ use std::path::PathBuf;
     about = "Kiln's agent: builds, pushes, lists and removes on this host's Docker (role host), or lists and removes in this node's containerd (role node)"
 )]
 struct Args {
-    /// The coordinator's URL.
+    /// The coordinator's URL; a farm's several coordinators comma-separated (`https://a:7070,https://b:7070`),
+    /// of which the agent finds the active one.
     #[arg(long, env = "KILN_COORDINATOR")]
     coordinator: String,
     /// This agent's stable id (default: the host name).
@@ -81,7 +82,20 @@ async fn main() -> anyhow::Result<()> {
                 args.state.display()
             );
         };
-        kiln_agent::enroll::join(&args.coordinator, token, &agent_id, &identity).await?;
+        // Enrollment writes, so only the farm's active coordinator takes it: ask each in turn.
+        let mut failures = Vec::new();
+        for url in kiln_agent::coordinator_urls(&args.coordinator) {
+            match kiln_agent::enroll::join(&url, token, &agent_id, &identity).await {
+                Ok(()) => {
+                    failures.clear();
+                    break;
+                }
+                Err(err) => failures.push(format!("{url}: {}", kiln_core::error_chain(&err))),
+            }
+        }
+        if !failures.is_empty() {
+            anyhow::bail!("agent {agent_id} could not enroll: {}", failures.join("; "));
+        }
     }
     let config = kiln_agent::AgentConfig {
         coordinator: args.coordinator,
@@ -94,8 +108,13 @@ async fn main() -> anyhow::Result<()> {
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");
     }
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // SIGTERM is what systemd and the kubelet send; SIGINT what a terminal does.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
     };
     match args.role {
         Role::Host => kiln_agent::run(config, shutdown).await?,

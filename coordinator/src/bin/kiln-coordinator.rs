@@ -8,6 +8,7 @@
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use kiln_coordinator::model::{AgentRole, AuditRow, JoinRow, TokenRow};
+use kiln_coordinator::state::leadership::LeasePolicy;
 use kiln_coordinator::state::{SqliteStore, StateStore};
 use kiln_coordinator::trust::{pki, tokens, Role};
 use kiln_coordinator::Config;
@@ -169,6 +170,15 @@ struct ServeArgs {
     /// context) before it takes any free one: `2s`; `0` never waits.
     #[arg(long, default_value = "2s", value_parser = parse_duration, env = "KILN_AFFINITY_WAIT")]
     affinity_wait: Duration,
+    /// The URL agents and clients reach this coordinator by, e.g. `https://coord-a.farm:7070`: a
+    /// standby names it to callers that reached the standby instead. Default: the scheme and the
+    /// listening address (the host's name for a wildcard one).
+    #[arg(long, env = "KILN_ADVERTISE", value_name = "URL")]
+    advertise: Option<String>,
+    /// How long the farm's lease lives without renewal (PostgreSQL state): how long a dead active
+    /// coordinator keeps the farm waiting before a standby takes over. Renewed every third of it.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, env = "KILN_LEASE_TTL")]
+    lease_ttl: Duration,
 }
 
 /// `90s`, `30m`, `12h`, `30d`, or bare seconds.
@@ -412,6 +422,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.max_upload_bytes = args.max_upload_bytes;
     config.task_deadline = args.task_deadline;
     config.affinity_wait = args.affinity_wait;
+    config.advertise = args.advertise.clone();
+    if args.lease_ttl < Duration::from_secs(3) {
+        bail!(
+            "--lease-ttl {}s is too short to renew across a database hiccup: give 3s or more",
+            args.lease_ttl.as_secs()
+        );
+    }
+    config.lease = LeasePolicy {
+        ttl: args.lease_ttl,
+        renew_every: args.lease_ttl / 3,
+        poll_every: (args.lease_ttl / 10).max(Duration::from_millis(200)),
+    };
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await
@@ -422,8 +444,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             custom_resources: args.custom_resources,
         });
     }
-    let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+    // SIGTERM is what systemd and the kubelet send; SIGINT what a terminal does. Either stops
+    // serving and, on a farm, hands the lease on at once.
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
     };
     kiln_coordinator::serve(listener, config, shutdown).await?;
     Ok(())

@@ -10,7 +10,8 @@
 //! embedded process) leadership is trivially always held.
 //!
 //! [`lead`] is what a coordinator runs at start: stand by until the lease is free, take it, and
-//! renew it in the background; [`Held::lost`] resolves when it is gone.
+//! renew it in the background; [`Held::lost`] resolves when it is gone. While it stands by it
+//! serves anyway, answering every call with where the active coordinator is ([`Activity`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::state::{StateStore, StateError};
+use crate::state::{StateError, StateStore};
 
 /// A lease on a farm's leadership, as the store granted or last renewed it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,9 +94,16 @@ impl Held {
 
     /// Resolves once the lease is lost; never while it is held.
     pub async fn lost(&self) -> Lost {
+        self.lost_signal().await
+    }
+
+    /// [`Held::lost`], owning what it waits on, so the lease itself can be kept elsewhere.
+    pub fn lost_signal(&self) -> impl std::future::Future<Output = Lost> + Send + 'static {
         let mut lost = self.lost.clone();
-        let reason = lost.wait_for(Option::is_some).await.ok().and_then(|reason| reason.clone());
-        reason.unwrap_or(Lost::Unrenewed { error: "the renewal task stopped".into() })
+        async move {
+            let reason = lost.wait_for(Option::is_some).await.ok().and_then(|reason| reason.clone());
+            reason.unwrap_or(Lost::Unrenewed { error: "the renewal task stopped".into() })
+        }
     }
 
     /// Stops renewing and frees the lease, so a standby takes over at once instead of after the TTL.
@@ -129,27 +137,60 @@ pub fn holder_id() -> String {
     format!("{host}/{}", std::process::id())
 }
 
+/// What a coordinator is to its farm right now: what its gate answers callers and its health
+/// service answers probes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Activity {
+    /// Standing by. `active` is where the coordinator holding the lease serves, when one does, so
+    /// a caller that reached this one is sent there.
+    Standby { active: Option<String> },
+    /// Holding the lease (or the embedded, always-held SQLite one): serving every call.
+    Active,
+}
+
+/// One attempt at the farm's lease: `Some` when this coordinator now holds it (always on SQLite).
+pub async fn try_lead(
+    store: Arc<dyn StateStore>,
+    holder: &str,
+    addr: &str,
+    policy: LeasePolicy,
+) -> Result<Option<Held>, StateError> {
+    // The local deadline starts before the request: the database's expiry was set after it.
+    let asked = Instant::now();
+    let Some(leadership) = store.try_acquire_leadership(holder, addr, policy.ttl).await? else { return Ok(None) };
+    Ok(Some(hold(store, leadership, asked + policy.ttl, policy)))
+}
+
 /// Stands by until this coordinator holds the farm's lease, then renews it in the background.
-/// Returns at once on SQLite, where leadership is always held.
-pub async fn lead(store: Arc<dyn StateStore>, holder: &str, addr: &str, policy: LeasePolicy) -> Result<Held, StateError> {
-    let mut announced = false;
-    let (leadership, deadline) = loop {
-        // The local deadline starts before the request: the database's expiry was set after it.
-        let asked = Instant::now();
-        if let Some(leadership) = store.try_acquire_leadership(holder, addr, policy.ttl).await? {
-            break (leadership, asked + policy.ttl);
+/// Returns at once on SQLite, where leadership is always held. While it waits, `standby` says
+/// which coordinator leads, so callers reaching this one can be sent there.
+pub async fn lead(
+    store: Arc<dyn StateStore>,
+    holder: &str,
+    addr: &str,
+    policy: LeasePolicy,
+    standby: &watch::Sender<Activity>,
+) -> Result<Held, StateError> {
+    loop {
+        if let Some(held) = try_lead(store.clone(), holder, addr, policy).await? {
+            return Ok(held);
         }
-        if !announced {
-            let active = store.current_leader().await?.map(|l| l.addr);
+        let active = store.current_leader().await?.map(|l| l.addr);
+        let now = Activity::Standby { active: active.clone() };
+        if *standby.borrow() != now {
             tracing::info!(active = active.as_deref().unwrap_or("none"), "standing by: another coordinator leads");
-            announced = true;
+            standby.send_replace(now);
         }
         tokio::time::sleep(policy.poll_every).await;
-    };
-    tracing::info!(token = leadership.token, holder, "leading the farm");
+    }
+}
+
+/// Starts renewing a lease just acquired.
+fn hold(store: Arc<dyn StateStore>, leadership: Leadership, deadline: Instant, policy: LeasePolicy) -> Held {
+    tracing::info!(token = leadership.token, holder = %leadership.holder, "leading the farm");
     let (tx, lost) = watch::channel(None);
     let renewer = tokio::spawn(renew(store.clone(), leadership.clone(), deadline, policy, tx));
-    Ok(Held { leadership, lost, renewer, store })
+    Held { leadership, lost, renewer, store }
 }
 
 /// Renews until the lease is superseded, or cannot be renewed before it would lapse.

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 
 use crate::model::AgentRole;
+use crate::state::leadership::Activity;
 use crate::state::StateStore;
 
 /// A user's role.
@@ -300,6 +301,9 @@ impl Peer {
 pub struct Guard {
     pub mode: Mode,
     pub verifier: Arc<Verifier>,
+    /// Whether this coordinator leads its farm: a standby answers every call but health with
+    /// where the active one is, before looking at who calls.
+    pub activity: tokio::sync::watch::Receiver<Activity>,
 }
 
 impl<S> tower::Layer<S> for Guard {
@@ -344,6 +348,13 @@ where
             if path.starts_with("/grpc.health.v1.Health/") {
                 return inner.call(req).await;
             }
+            let standby = match &*guard.activity.borrow() {
+                Activity::Standby { active } => Some(standby_status(active.as_deref())),
+                Activity::Active => None,
+            };
+            if let Some(status) = standby {
+                return Ok(status.into_http());
+            }
             let principal = match guard.mode {
                 Mode::Open => Principal::Embedded,
                 Mode::Verified => match resolve(&guard.verifier, bearer(&req), certs).await {
@@ -364,6 +375,30 @@ where
         })
     }
 }
+
+/// What a standby answers: `Unavailable`, naming the active coordinator in the message and, for
+/// clients to follow, in the `kiln-active` metadata. Nothing was done, so any call may be sent
+/// again there — an `Up` included.
+pub fn standby_status(active: Option<&str>) -> Status {
+    let mut status = match active {
+        Some(addr) => Status::unavailable(format!(
+            "this coordinator stands by; the farm's active coordinator is at {addr} — use --coordinator {addr}, or give both"
+        )),
+        None => Status::unavailable(
+            "this coordinator stands by and no coordinator holds the farm's lease yet; one takes over within seconds — try again",
+        ),
+    };
+    status.metadata_mut().insert(STANDBY_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(value) = active.and_then(|addr| addr.parse().ok()) {
+        status.metadata_mut().insert(ACTIVE_HEADER, value);
+    }
+    status
+}
+
+/// The metadata key under which a standby names the active coordinator.
+pub const ACTIVE_HEADER: &str = "kiln-active";
+/// The metadata key that marks an answer as a standby's: nothing was done.
+pub const STANDBY_HEADER: &str = "kiln-standby";
 
 /// The bearer token a request carries, if any (an empty string for a malformed header).
 fn bearer<B>(req: &http::Request<B>) -> Option<String> {

@@ -30,7 +30,7 @@ use crate::model::{
     AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
     Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
-use crate::state::{Clock, Leadership, StateStore, StateError, SystemClock};
+use crate::state::{Clock, Leadership, StateError, StateStore, SystemClock};
 
 pub use migrations::SCHEMA_VERSION;
 
@@ -59,8 +59,26 @@ impl SqliteStore {
     }
 
     /// [`SqliteStore::open`] with the clock that stamps records, converges and events.
+    ///
+    /// A second process opening the file while another migrates it (`kiln-coordinator token
+    /// create` beside a starting coordinator) can be told "database is locked" without SQLite's
+    /// busy handler being asked (switching to WAL, upgrading a read to a write): that is asked
+    /// again for as long as the busy timeout, like every other lock wait.
     pub fn open_with_clock(path: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<SqliteStore, StateError> {
-        let path = path.as_ref().to_owned();
+        let path = path.as_ref();
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match SqliteStore::open_once(path, clock.clone()) {
+                Err(err) if std::time::Instant::now() < deadline && is_locked(&err) => {
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                }
+                opened => return opened,
+            }
+        }
+    }
+
+    fn open_once(path: &Path, clock: Arc<dyn Clock>) -> Result<SqliteStore, StateError> {
+        let path = path.to_owned();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|err| StateError::CreateDir { dir: dir.to_owned(), err })?;
         }
@@ -435,4 +453,10 @@ impl SqliteStore {
     fn leader(&self) -> std::sync::MutexGuard<'_, Option<Leadership>> {
         self.inner.leader.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Whether opening failed only because another connection held the file's lock.
+fn is_locked(err: &StateError) -> bool {
+    let chain = kiln_core::error_chain(err);
+    chain.contains("database is locked") || chain.contains("database table is locked")
 }

@@ -31,6 +31,9 @@ pub struct FarmArgs {
     images: usize,
     #[arg(long, default_value_t = 200)]
     build_ms: u64,
+    /// Keep the coordinator's state on a throwaway PostgreSQL cluster instead of SQLite.
+    #[arg(long)]
+    postgres: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -85,8 +88,14 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     let build = Duration::from_millis(args.build_ms);
     eprintln!("starting a coordinator and {} simulated agents …", args.agents);
     let started = Instant::now();
-    let farm = rt.block_on(SimFarm::start(args.agents, args.slots, build, |_| {}));
-    eprintln!("  connected in {}", util::fmt(started.elapsed()));
+    let postgres = args.postgres.then(kiln_e2e::postgres::Postgres::start);
+    let database = postgres.as_ref().map(|pg| rt.block_on(pg.create_database()).url);
+    let farm = rt.block_on(SimFarm::start(args.agents, args.slots, build, |config| config.database = database));
+    eprintln!(
+        "  connected in {} ({} state)",
+        util::fmt(started.elapsed()),
+        if args.postgres { "PostgreSQL" } else { "SQLite" }
+    );
 
     // The probe: a recorded instance whose no-op converge is timed while the load runs.
     let probe = scratch.path().join("probe");

@@ -6,6 +6,7 @@
 mod converge;
 mod delivery;
 mod digest;
+mod failover;
 mod farm;
 mod pack;
 mod stat_cache;
@@ -45,6 +46,8 @@ enum Bench {
     Trust(trust::Args),
     /// The scheduler under load: 1,000 simulated agents, 200 concurrent converges of 5 images.
     Farm(farm::FarmArgs),
+    /// A farm on PostgreSQL: kill -9 → first successful `kiln up` on the standby; no-op up on PostgreSQL vs SQLite.
+    Failover(failover::Args),
     /// Parallel placement: a 20-image converge on 4 simulated agents vs one agent, sequential.
     Parallel(farm::ParallelArgs),
 }
@@ -62,5 +65,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Trust(args) => trust::run(&args),
         Bench::Farm(args) => farm::farm(&args),
         Bench::Parallel(args) => farm::parallel(&args),
+        Bench::Failover(args) => failover::run(&args),
     }
 }

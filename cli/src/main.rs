@@ -38,9 +38,10 @@ struct Cli {
 /// Which coordinator to talk to, and how to print. Global: before or after the subcommand.
 #[derive(Args, Debug)]
 struct Remote {
-    /// The coordinator's URL, e.g. http://127.0.0.1:7070. Without it, an embedded coordinator and
+    /// The coordinator's URL, e.g. https://kiln.example:7070; a farm's several coordinators
+    /// comma-separated, of which the active one is found. Without it, an embedded coordinator and
     /// host agent run in this process with their state in $KILN_HOME.
-    #[arg(long, global = true, env = "KILN_COORDINATOR", value_name = "URL")]
+    #[arg(long, global = true, env = "KILN_COORDINATOR", value_name = "URL[,URL…]")]
     coordinator: Option<String>,
     /// Print JSON: one object per event (up, logs, gc, down), one document otherwise.
     #[arg(long, global = true)]

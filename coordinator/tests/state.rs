@@ -902,7 +902,8 @@ mod postgres_only {
             };
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             listener.set_nonblocking(true).unwrap();
-            let addr = listener.local_addr().unwrap().to_string();
+            // What the lease names is the URL clients reach it by (no --advertise: scheme and address).
+            let addr = format!("http://{}", listener.local_addr().unwrap());
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             let served = tokio::spawn(kiln_coordinator::serve(listener, config, async move {

@@ -331,3 +331,31 @@ async fn a_frozen_coordinator_that_lost_its_lease_writes_nothing_when_it_wakes_a
     let _ = converge.wait();
     drop(farm);
 }
+
+/// SIGTERM — what systemd and the kubelet send — stops the active coordinator cleanly and hands
+/// the lease on at once, rather than leaving the farm to wait out its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_stops_the_active_coordinator_cleanly_and_the_standby_leads_at_once() {
+    let database = Postgres::shared().create_database().await;
+    let state = PostgresStore::connect(&database.url).await.unwrap();
+    let mut a = Coordinator::start(&database.url, "10s");
+    until_serving(&a.url, TAKEOVER).await;
+    let b = Coordinator::start(&database.url, "10s");
+    // B is standing by, not merely starting: it answers health.
+    let started = Instant::now();
+    while serving(&b.url).await != Some(false) {
+        assert!(started.elapsed() < TAKEOVER, "the second coordinator never stood by");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let token = state.current_leader().await.unwrap().expect("A leads").token;
+
+    a.signal("-TERM");
+    let (status, stderr) = a.exit(Duration::from_secs(15)).expect("the coordinator stopped on SIGTERM");
+    assert!(status.success(), "a SIGTERM is a clean stop: {status}\n{stderr}");
+    // Resigned, not left to lapse: the moment A is gone, the lease is no longer A's.
+    let after = state.current_leader().await.unwrap().map(|l| l.addr);
+    assert_ne!(after.as_deref(), Some(a.url.as_str()), "A left its lease to lapse instead of resigning it");
+    until_serving(&b.url, TAKEOVER).await;
+    let leader = state.current_leader().await.unwrap().expect("B leads");
+    assert_eq!((leader.addr, leader.token), (b.url.clone(), token + 1));
+}

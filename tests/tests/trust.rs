@@ -236,28 +236,7 @@ async fn up_as(
     token: &str,
     dir: &std::path::Path,
 ) -> Result<Vec<pb::ConvergeEvent>, tonic::Status> {
-    let (req, contexts) = kiln_e2e::wire::up_request(dir, false);
-    let mut client = pb::kiln_client::KilnClient::with_interceptor(farm.channel(), kiln_e2e::trust::with_token(token));
-    let mut stream = client.up(req).await?.into_inner();
-    let mut events = Vec::new();
-    while let Some(event) = stream.message().await? {
-        if event.kind() == pb::converge_event::Kind::NeedContexts {
-            let mut store = pb::content_store_client::ContentStoreClient::with_interceptor(
-                farm.channel(),
-                kiln_e2e::trust::with_token(token),
-            );
-            for digest in &event.contexts {
-                let (dir, opts) = &contexts[digest];
-                let tree = kiln_core::digest::walk_tree(dir, opts).unwrap();
-                let mut bytes = Vec::new();
-                kiln_core::archive::pack(&tree, &mut bytes).unwrap();
-                let chunk = pb::UploadChunk { digest: digest.clone(), data: bytes.into() };
-                store.upload(tokio_stream::once(chunk)).await?;
-            }
-        }
-        events.push(event);
-    }
-    Ok(events)
+    up_with(farm.channel(), token, dir).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -469,4 +448,122 @@ async fn a_node_certificate_asking_to_be_a_host_stays_a_node_with_only_its_own_s
     );
     drop(tx);
     farm.stop().await;
+}
+
+/// One member cancelling another team's running converge, as an attacker would try it: refused
+/// with the owner named, and the converge and its build go on untouched; its owner may cancel it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_cancel_another_teams_running_converge() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = TrustedFarm::start(&tmp.path().join("state")).await;
+    // A simulated build host on mutual TLS whose builds hang: the converge stays running.
+    let dir = tmp.path().join("sim-1");
+    farm.enroll("sim-1", AgentRole::Host, "", &dir).await;
+    let host = kiln_e2e::sim::SimHost::new("sim-1", std::time::Duration::from_millis(10));
+    host.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    let config = kiln_agent::AgentConfig {
+        slots: 1,
+        coordinator: farm.url.clone(),
+        agent_id: "sim-1".into(),
+        scratch_dir: dir.join("scratch"),
+        cluster: String::new(),
+        identity: Some(kiln_agent::enroll::Identity::in_dir(&dir)),
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let store: std::sync::Arc<dyn kiln_agent::host::HostStore> = host.clone();
+    tokio::spawn(kiln_agent::run_with(config, store, async {
+        let _ = stopped.await;
+    }));
+    let (payments, ops, viewer, admin) = (
+        farm.token("mo", Role::Member, Some("payments"), None).await,
+        farm.token("otto", Role::Member, Some("ops"), None).await,
+        farm.token("vera", Role::Viewer, None, None).await,
+        farm.token("ada", Role::Admin, None, None).await,
+    );
+    let instance = kiln_e2e::fixture::unique("cancel");
+    let work = tmp.path().join("instance");
+    kiln_e2e::sim::write_instance(&work, &instance, Some("payments"), &[("web", "v1")]);
+    let converge = {
+        let (channel, token, work) = (farm.channel(), payments.clone(), work.clone());
+        tokio::spawn(async move { up_with(channel, &token, &work).await })
+    };
+    let mut admin_client =
+        pb::kiln_client::KilnClient::with_interceptor(farm.channel(), kiln_e2e::trust::with_token(&admin));
+    let mut id = String::new();
+    for _ in 0..400 {
+        let ps = admin_client.ps(pb::PsRequest {}).await.unwrap().into_inner();
+        if let Some(running) = ps.converges.iter().find(|c| c.instance == instance) {
+            if host.running() > 0 {
+                id = running.converge_id.clone();
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(!id.is_empty(), "the converge never got to its build");
+
+    let running = || async {
+        let ps = admin_client.clone().ps(pb::PsRequest {}).await.unwrap().into_inner();
+        ps.converges.iter().any(|c| c.converge_id == id)
+    };
+    let cancel = |token: Option<String>| {
+        let (channel, id) = (farm.channel(), id.clone());
+        async move {
+            let request = pb::CancelRequest { converge_id: id };
+            match token {
+                Some(token) => {
+                    pb::kiln_client::KilnClient::with_interceptor(channel, kiln_e2e::trust::with_token(&token))
+                        .cancel(request)
+                        .await
+                }
+                None => pb::kiln_client::KilnClient::new(channel).cancel(request).await,
+            }
+        }
+    };
+    let refused = cancel(Some(ops)).await.expect_err("another team's member may not cancel it");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("owned by"), "the refusal names the owner: {}", refused.message());
+    assert_eq!(cancel(Some(viewer)).await.expect_err("a viewer may not").code(), Code::PermissionDenied);
+    assert_eq!(cancel(None).await.expect_err("nobody may not").code(), Code::Unauthenticated);
+    assert!(running().await, "a refused cancel left the converge running");
+    assert_eq!(host.running(), 1, "a refused cancel left its build running");
+
+    // Its owner may.
+    cancel(Some(payments)).await.expect("the owner cancels");
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), converge).await.expect("it ended").unwrap();
+    let events = ended.expect("the stream ends with the converge");
+    assert!(!kiln_e2e::wire::succeeded(&events));
+    assert!(!running().await);
+    let _ = stop.send(());
+    farm.stop().await;
+}
+
+/// `Up` over `channel` as the holder of `token`, uploading what is asked; the events.
+async fn up_with(
+    channel: tonic::transport::Channel,
+    token: &str,
+    dir: &std::path::Path,
+) -> Result<Vec<pb::ConvergeEvent>, tonic::Status> {
+    let (req, contexts) = kiln_e2e::wire::up_request(dir, false);
+    let mut client = pb::kiln_client::KilnClient::with_interceptor(channel.clone(), kiln_e2e::trust::with_token(token));
+    let mut stream = client.up(req).await?.into_inner();
+    let mut events = Vec::new();
+    while let Some(event) = stream.message().await? {
+        if event.kind() == pb::converge_event::Kind::NeedContexts {
+            let mut store = pb::content_store_client::ContentStoreClient::with_interceptor(
+                channel.clone(),
+                kiln_e2e::trust::with_token(token),
+            );
+            for digest in &event.contexts {
+                let (dir, opts) = &contexts[digest];
+                let tree = kiln_core::digest::walk_tree(dir, opts).unwrap();
+                let mut bytes = Vec::new();
+                kiln_core::archive::pack(&tree, &mut bytes).unwrap();
+                let chunk = pb::UploadChunk { digest: digest.clone(), data: bytes.into() };
+                store.upload(tokio_stream::once(chunk)).await?;
+            }
+        }
+        events.push(event);
+    }
+    Ok(events)
 }

@@ -119,6 +119,7 @@ fn spawn_job<F, Fut>(
     Fut: std::future::Future<Output = JobResult> + Send + 'static,
 {
     tokio::spawn(async move {
+        let started_at = std::time::Instant::now();
         let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
         events.emit(EventKind::Started, None, started);
         let result = job(engine.clone(), id.clone(), events.clone()).await;
@@ -136,6 +137,7 @@ fn spawn_job<F, Fut>(
             ConvergeState::Failed { reason } => format!("failed: {reason}"),
             _ => "ok".to_string(),
         };
+        counted(&engine.metrics, &audited, &state, started_at.elapsed());
         // Marked finished before `Finished` is sent: a client that saw it may start the next
         // converge of the instance at once, and must not be told one still runs.
         if let Err(err) = engine.store.finish_converge(&id, state).await {
@@ -154,6 +156,18 @@ fn spawn_job<F, Fut>(
         )
         .await;
     });
+}
+
+/// Counts a job that ended in `kiln_converges_total` and `kiln_converge_duration_seconds`.
+fn counted(metrics: &crate::metrics::Metrics, job: &Audited, state: &ConvergeState, took: std::time::Duration) {
+    use crate::metrics::names::{ConvergeLabels, JobLabels};
+    let outcome = match state {
+        ConvergeState::Failed { .. } => "failed",
+        _ => "succeeded",
+    };
+    let labels = ConvergeLabels { kind: job.action, outcome, owner: job.owner.clone() };
+    metrics.converges.get_or_create(&labels).inc();
+    metrics.converge_seconds.get_or_create(&JobLabels { kind: job.action, outcome }).observe(took.as_secs_f64());
 }
 
 /// Runs the converge until it ends, is cancelled (`kiln cancel`), or its client goes away. A
@@ -183,6 +197,9 @@ struct Audited {
     action: &'static str,
     target: String,
     address: String,
+    /// Whom the job counts for in `kiln_converges_total`: an up's owner in the queue's sense (its
+    /// team, else its user); the user who asked for a down or a gc.
+    owner: String,
 }
 
 /// `kiln up --dry-run`: decides like a converge and streams what it would do, under an id no
@@ -296,7 +313,8 @@ impl pb::kiln_server::Kiln for KilnService {
         let (live, rx) = mpsc::channel(256);
         // The client's end of the stream: gone (Ctrl-C, a vanished CLI) cancels the converge.
         let client = live.clone();
-        let audited = Audited { actor: principal.actor(), action: "up", target: plan.instance.clone(), address };
+        let owner = crate::engine::owner(&plan);
+        let audited = Audited { actor: principal.actor(), action: "up", target: plan.instance.clone(), address, owner };
         spawn_job(
             self.engine.clone(),
             converge.id,
@@ -361,7 +379,8 @@ impl pb::kiln_server::Kiln for KilnService {
         let converge = self.engine.store.open_converge(&req.instance, &requested_by).await.map_err(store_status)?;
         let (live, rx) = mpsc::channel(256);
         let job = format!("down {}", req.instance);
-        let audited = Audited { actor: principal.actor(), action: "down", target: req.instance.clone(), address };
+        let (target, owner) = (req.instance.clone(), requested_by.clone());
+        let audited = Audited { actor: principal.actor(), action: "down", target, address, owner };
         spawn_job(self.engine.clone(), converge.id, live, job, audited, move |engine, id, events| async move {
             let instance = req.instance;
             match engine.store.delete_record(&instance).await {
@@ -394,7 +413,8 @@ impl pb::kiln_server::Kiln for KilnService {
         if !req.instance.is_empty() {
             job.push_str(&format!(" --instance {}", req.instance));
         }
-        let audited = Audited { actor: principal.actor(), action: "gc", target: job.clone(), address };
+        let owner = requested_by.clone();
+        let audited = Audited { actor: principal.actor(), action: "gc", target: job.clone(), address, owner };
         spawn_job(self.engine.clone(), converge.id, live, job, audited, move |engine, id, events| async move {
             let options = SweepOptions {
                 dry_run: req.dry_run,

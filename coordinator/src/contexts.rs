@@ -35,6 +35,7 @@ pub struct Contexts {
     landing: tokio::sync::Mutex<()>,
     /// `Config::max_upload_bytes`: an upload is refused the moment it passes this.
     max_upload_bytes: u64,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// What a collection of the content store took.
@@ -54,7 +55,12 @@ impl Contexts {
     /// Opens the store in `dir`; with `clean_up`, removing what a coordinator killed mid-upload
     /// left behind: an `.upload-*` file is never a context, and no upload runs before the server
     /// starts (a read-only coordinator beside a running one must not clean up).
-    pub fn open(dir: PathBuf, store: Arc<dyn StateStore>, clean_up: bool) -> std::io::Result<Contexts> {
+    pub fn open(
+        dir: PathBuf,
+        store: Arc<dyn StateStore>,
+        clean_up: bool,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> std::io::Result<Contexts> {
         std::fs::create_dir_all(&dir)?;
         let entries = if clean_up { std::fs::read_dir(&dir)?.collect() } else { Vec::new() };
         for entry in entries {
@@ -70,6 +76,7 @@ impl Contexts {
             arrived: Notify::new(),
             landing: tokio::sync::Mutex::new(()),
             max_upload_bytes: crate::server::DEFAULT_MAX_UPLOAD_BYTES,
+            metrics,
         })
     }
 
@@ -217,6 +224,7 @@ impl Contexts {
         let row = ContextRow { digest: digest.to_string(), bytes: total, stored_at_ms: 0 };
         self.store.put_context(row).await.map_err(|e| Status::internal(e.to_string()))?;
         drop(landing);
+        self.metrics.uploaded_bytes.inc_by(total);
         self.arrived.notify_waiters();
         Ok(total)
     }

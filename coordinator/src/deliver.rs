@@ -49,6 +49,8 @@ pub(crate) struct NodesDelivered {
     pub imported: Vec<String>,
     /// Nodes that already held the id under the ref.
     pub skipped: Vec<String>,
+    /// The bytes the host exported for the nodes that lacked it (once, however many imported).
+    pub bytes: u64,
 }
 
 /// Delivers `reference` from `host` to every node agent of `cluster`.
@@ -99,7 +101,8 @@ pub(crate) async fn to_nodes(
     relay.expect(&key);
     let result = export_and_import(host, relay, &lacking, converge, reference, &id, &key, events, name).await;
     relay.discard(&key).await;
-    let answers = result?;
+    let (bytes, answers) = result?;
+    done.bytes = bytes;
     for (node, answer) in lacking.iter().zip(answers) {
         match answer {
             Ok(_) => done.imported.push(node.id.clone()),
@@ -133,7 +136,8 @@ fn relay_key(id: &str, converge: &str) -> String {
 
 /// Exports once and imports on every lacking node at the same time: the nodes read the relay's
 /// spool while the host still writes it. An export that fails ends the readers with its reason,
-/// and is the failure reported, since every import failed only because of it.
+/// and is the failure reported, since every import failed only because of it. Returns the bytes
+/// exported and each lacking node's answer.
 #[allow(clippy::too_many_arguments)]
 async fn export_and_import(
     host: &AgentConn,
@@ -145,7 +149,7 @@ async fn export_and_import(
     key: &str,
     events: &Events,
     name: &str,
-) -> Result<Vec<Result<bool, String>>, DeliverError> {
+) -> Result<(u64, Vec<Result<bool, String>>), DeliverError> {
     events.emit(EventKind::Pushing, Some(name), format!("exporting {reference} from {}", host.id));
     let export = pb::ExportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
     let exporting = async {
@@ -164,7 +168,7 @@ async fn export_and_import(
         _ => return Err(DeliverError::Failed(format!("host {} answered the export with something else", host.id))),
     };
     events.emit(EventKind::Pushed { bytes }, Some(name), format!("to {} node(s)", lacking.len()));
-    Ok(answers)
+    Ok((bytes, answers))
 }
 
 /// Runs `task` on every node in parallel; per node: whether it skipped (already held), or why it

@@ -13,6 +13,7 @@
 //! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
 //! - `sweep` — reachability garbage collection: list the stores, gather the roots, plan with
 //!   `kiln_core::sweep::plan`, remove through the agents, confirm by listing again.
+//! - [`metrics`] — the Prometheus instruments, served by `web` at `/metrics` (`--http`).
 //! - [`kube`] — the cluster, when one is configured: the `kiln-images` ConfigMap, Kubernetes roots,
 //!   and the report of workloads on older refs.
 
@@ -39,5 +40,6 @@ mod relay;
 mod schedule;
 mod server;
 mod sweep;
+mod web;
 
 pub use server::{serve, Config, ServeError, ServerTls, DEFAULT_MAX_UPLOAD_BYTES};

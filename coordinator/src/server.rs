@@ -55,6 +55,8 @@ pub struct Config {
     /// How long a build waits for a warm agent (one holding its image or its context's layers)
     /// before it takes any free one.
     pub affinity_wait: Duration,
+    /// Where `/metrics` is served over plain HTTP (`--http`); `None`, as in embedded mode: no listener.
+    pub http: Option<std::net::SocketAddr>,
 }
 
 /// A served coordinator's TLS material: its certificate chain and key, the CA its agents'
@@ -95,6 +97,7 @@ impl Config {
             affinity_wait: Duration::from_secs(2),
             advertise: None,
             shutdown_grace: Duration::from_secs(10),
+            http: None,
         }
     }
 }
@@ -123,6 +126,12 @@ pub enum ServeError {
     Transport(#[source] tonic::transport::Error),
     #[error("the TLS material is not usable")]
     Tls(#[source] tonic::transport::Error),
+    #[error("cannot serve HTTP (/metrics) on {addr}")]
+    Http {
+        addr: std::net::SocketAddr,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("this coordinator stopped serving: its lease on the farm was {0}; restart it to stand by")]
     Lost(Lost),
 }
@@ -144,7 +153,9 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let dir = config.state_dir.clone();
     let state_err = |err| ServeError::State { dir: dir.clone(), err };
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let store = crate::state::open(&dir, config.database.as_deref()).await.map_err(state_err)?;
+    let store = crate::state::Timed::wrap(store, metrics.state_seconds.clone());
     let advertise = config.advertise.clone().unwrap_or_else(|| default_advertise(&listener, config.tls.is_some()));
     let holder = leadership::holder_id();
     // One attempt before serving: the embedded coordinator (always leading) and a farm's first
@@ -174,7 +185,7 @@ pub async fn serve(
         health.set_not_serving::<pb::kiln_server::KilnServer<KilnService>>().await;
     }
     let contexts_dir = dir.join("contexts");
-    let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only)
+    let contexts = Contexts::open(contexts_dir.clone(), store.clone(), !config.read_only, metrics.clone())
         .map_err(|err| ServeError::Contexts { dir: contexts_dir, err })?
         .with_upload_limit(config.max_upload_bytes);
     let verifier = Arc::new(crate::trust::Verifier::new(store.clone()));
@@ -211,7 +222,14 @@ pub async fn serve(
         relay: relay.clone(),
         config,
         running: Default::default(),
+        metrics,
     });
+    let _http = match engine.config.http {
+        Some(addr) => {
+            Some(crate::web::start(addr, engine.clone()).await.map_err(|err| ServeError::Http { addr, err })?)
+        }
+        None => None,
+    };
     let contexts = engine.contexts.clone();
     // Leading: the lease taken above, or — for a standby — the one it waits for. Ends when the
     // lease is lost, with why; the lease itself stays in `slot`, for a clean stop to resign it.

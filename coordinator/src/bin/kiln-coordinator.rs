@@ -179,6 +179,10 @@ struct ServeArgs {
     /// coordinator keeps the farm waiting before a standby takes over. Renewed every third of it.
     #[arg(long, default_value = "10s", value_parser = parse_duration, env = "KILN_LEASE_TTL")]
     lease_ttl: Duration,
+    /// Serve `/metrics` (Prometheus) over plain HTTP on this address, e.g. `127.0.0.1:7071`. Off
+    /// unless given; unauthenticated, so bind it where only the scraper reaches.
+    #[arg(long, value_name = "ADDR", env = "KILN_HTTP")]
+    http: Option<std::net::SocketAddr>,
 }
 
 /// `90s`, `30m`, `12h`, `30d`, or bare seconds.
@@ -434,6 +438,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         renew_every: args.lease_ttl / 3,
         poll_every: (args.lease_ttl / 10).max(Duration::from_millis(200)),
     };
+    config.http = args.http;
     if args.kubernetes {
         let client = kube::Client::try_default()
             .await

@@ -95,6 +95,7 @@ impl Engine {
         let reference = d.image.reference.clone();
         match d.action {
             Action::Deliver if !d.confirming => {
+                self.metrics.skipped(&d.reason);
                 let words = match (&d.reason, &plan.target) {
                     (Reason::Gone { .. }, Target::Registry { .. }) => format!("{} — pushing again", d.reason.words()),
                     (Reason::Gone { .. }, _) => format!("{} — delivering again", d.reason.words()),
@@ -199,8 +200,12 @@ impl Engine {
             let kind = EventKind::Queued { position, wait_ms: wait.as_millis() as u64 };
             events.emit(kind, Some(name), words);
         };
+        let queued = Instant::now();
         match self.hub.schedule.acquire(task, needs, on_queued).await {
-            Ok(grant) => Ok(grant),
+            Ok(grant) => {
+                self.metrics.dispatch_seconds.observe(queued.elapsed().as_secs_f64());
+                Ok(grant)
+            }
             Err(why) if lost.is_empty() => Err(Failure::of(name, why.to_string())),
             Err(why) => Err(Failure::of(name, format!("{why}; the build was lost on agent(s) {}", lost.join(", ")))),
         }
@@ -247,6 +252,11 @@ impl Engine {
     fn confirmed(&self, d: &Decision<'_>, moved: Vec<String>, generation: u64, events: &Events) {
         let name = d.image.name.as_str();
         let reference = d.image.reference.clone();
+        let reason = match moved.is_empty() {
+            true => Reason::Recorded,
+            false => Reason::Gone { store: moved.join(", "), generation },
+        };
+        self.metrics.skipped(&reason);
         if moved.is_empty() {
             events.emit(
                 EventKind::Recorded { reference: reference.clone(), reason: Some(Reason::Recorded) },
@@ -254,7 +264,6 @@ impl Engine {
                 reference,
             );
         } else {
-            let reason = Reason::Gone { store: moved.join(", "), generation };
             let words = format!("{} — delivered again", reason.words());
             events.emit(EventKind::Held { reference, reason: Some(reason) }, Some(name), words);
         }
@@ -339,6 +348,7 @@ impl Engine {
         };
         match result {
             Ok(pb::task_result::Outcome::Built(_)) => {
+                self.metrics.built(reason);
                 let secs = started.elapsed().as_secs_f64();
                 events.emit(EventKind::Built { secs }, Some(name), "");
                 Ok(())
@@ -381,6 +391,7 @@ impl Engine {
                     _ => 0,
                 };
                 events.emit(EventKind::Pushed { bytes }, Some(name), "");
+                self.metrics.delivered(plan.target.identity(), bytes);
                 Ok(vec![format!("registry {registry}")])
             }
             Target::Local => {
@@ -400,6 +411,7 @@ impl Engine {
                     events,
                 )
                 .await?;
+                self.metrics.delivered(plan.target.identity(), done.bytes);
                 Ok(done.imported)
             }
             Target::Kind { cluster } => {

@@ -42,6 +42,7 @@ pub struct Engine {
     pub relay: crate::relay::Relay,
     pub config: Config,
     pub running: running::Running,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -176,6 +177,7 @@ impl Engine {
                 return Ok(Converged { generation, changed: false });
             }
             for d in decisions.iter().filter(|d| d.action == Action::Skip) {
+                self.metrics.skipped(&Reason::Recorded);
                 let kind = EventKind::Recorded { reference: d.image.reference.clone(), reason: Some(Reason::Recorded) };
                 events.emit(kind, Some(&d.image.name), d.image.reference.clone());
             }

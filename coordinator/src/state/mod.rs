@@ -16,6 +16,7 @@ mod error;
 pub mod leadership;
 mod postgres;
 mod sqlite;
+mod timed;
 
 use std::path::Path;
 use std::time::Duration;
@@ -32,6 +33,7 @@ pub use error::{BoxError, StateError};
 pub use leadership::Leadership;
 pub use postgres::{PostgresStore, SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION};
 pub use sqlite::{SqliteStore, SCHEMA_VERSION};
+pub(crate) use timed::Timed;
 
 /// Opens the state a coordinator was pointed at: the PostgreSQL database `database` when given
 /// (`kiln-coordinator --state postgres://…`), else the SQLite file `kiln.db` in `dir`.

@@ -203,6 +203,8 @@ pub(crate) async fn sweep(
             let kind = EventKind::NotRemoved { store: store.to_string(), reference: not.target.clone() };
             events.emit(kind, None, not.why.clone());
         }
+        let (removed, failed) = (confirmed.done.len() as u64, confirmed.not_done.len() as u64);
+        engine.metrics.swept(&store.0, removed, confirmed.bytes, failed);
         totals.images += confirmed.images;
         totals.bytes += confirmed.bytes;
         totals.not_removed += confirmed.not_done.len();

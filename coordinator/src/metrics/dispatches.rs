@@ -1,5 +1,6 @@
-//! Process-wide measurements the coordinator keeps of itself, for benchmarks and (later) its
-//! metrics endpoint. Bounded: the newest entries are kept.
+//! The dispatch log: when each build task was queued and when it got its slot, per ref, for the
+//! benchmarks (`kiln-bench farm`) and the scheduler's tests. Process-wide and bounded: the newest
+//! entries are kept. The same moments feed `kiln_dispatch_latency_seconds` (`Metrics`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;

@@ -156,6 +156,7 @@ fn start_agent(
         scratch_dir: dir.join("scratch"),
         cluster: String::new(),
         identity,
+        metrics: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     rt.spawn(async move {

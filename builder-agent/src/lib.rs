@@ -10,10 +10,11 @@
 //!   stream by digest, removes per ref) and [`node::CriNodeStore`] over the CRI alone (removes
 //!   whole ids only).
 //! - [`run`] — the agent's loop: connect, hello, execute tasks (`tasks`), reconnect on the ladder;
-//!   [`run_node`] is the same loop for a node agent.
+//!   [`run_node`] is the same loop for a node agent. `metrics` is its `/metrics` (`--metrics ADDR`).
 
 pub mod enroll;
 pub mod host;
+mod metrics;
 pub mod node;
 mod registry;
 

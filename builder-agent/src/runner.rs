@@ -7,6 +7,7 @@
 //! session loop is the same; only the hello and the task dispatch differ.
 
 use crate::host::{DockerStore, HostStore};
+use crate::metrics::AgentMetrics;
 use crate::node::{NodeConfig, NodeStore, RemovalMode};
 use crate::tasks;
 use kiln_core::refs::PlatformSet;
@@ -39,6 +40,8 @@ pub struct AgentConfig {
     pub identity: Option<crate::enroll::Identity>,
     /// Builds this agent runs at once (`--slots`); 0: one per core.
     pub slots: u32,
+    /// Where `/metrics` is served over plain HTTP (`--metrics`); `None`, as in embedded mode: no listener.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl AgentConfig {
@@ -79,6 +82,13 @@ pub enum RunError {
         agent: String,
         #[source]
         err: crate::enroll::EnrollError,
+    },
+    #[error("agent {agent}: cannot serve /metrics on {addr}")]
+    Metrics {
+        agent: String,
+        addr: std::net::SocketAddr,
+        #[source]
+        err: std::io::Error,
     },
     #[error("agent {agent}: cannot create its scratch directory {dir}")]
     Scratch {
@@ -153,6 +163,19 @@ async fn serve(
     if urls.is_empty() {
         return Err(bad_url(&config.coordinator));
     }
+    let slots = match served {
+        Served::Host(_) => config.slots(),
+        Served::Node(_) => 0,
+    };
+    let metrics = Arc::new(AgentMetrics::new(slots));
+    let _listening = match config.metrics {
+        Some(addr) => Some(crate::metrics::start(addr, metrics.clone()).await.map_err(|err| RunError::Metrics {
+            agent: config.agent_id.clone(),
+            addr,
+            err,
+        })?),
+        None => None,
+    };
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(shutdown);
     let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
     let mut failing_since: Option<Instant> = None;
@@ -168,7 +191,7 @@ async fn serve(
             let tls = identity.tls().map_err(|err| RunError::Identity { agent: config.agent_id.clone(), err })?;
             endpoint = endpoint.tls_config(tls).map_err(|_| bad_url(&url))?;
         }
-        let why = match session(&config, &url, &endpoint, served.clone(), &mut shutdown).await {
+        let why = match session(&config, &url, &endpoint, served.clone(), &metrics, &mut shutdown).await {
             Session::Stopped => return Ok(()),
             Session::Refused(why) => return Err(RunError::Refused { agent: config.agent_id.clone(), url, why }),
             Session::Standby { active } => {
@@ -274,6 +297,7 @@ async fn session(
     url: &str,
     endpoint: &Endpoint,
     served: Served,
+    metrics: &Arc<AgentMetrics>,
     shutdown: &mut Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> Session {
     let broken = |was_connected, why: String| Session::Broken { was_connected, why };
@@ -332,11 +356,14 @@ async fn session(
             relay: pb::image_relay_client::ImageRelayClient::new(channel),
             scratch: config.scratch_dir.clone(),
             out: tx.clone(),
+            metrics: metrics.clone(),
         })),
         Served::Node(store) => Dispatch::Node(Arc::new(crate::node::tasks::NodeContext {
+            store_id: node_store_id(&config.agent_id, store.removal_mode()),
             store,
             relay: pb::image_relay_client::ImageRelayClient::new(channel),
             out: tx.clone(),
+            metrics: metrics.clone(),
         })),
     };
     // The session's tasks: a `Cancel` stops one, and all stop with the session — a coordinator that

@@ -25,6 +25,7 @@ pub(crate) struct TaskContext {
     pub relay: pb::image_relay_client::ImageRelayClient<Channel>,
     pub scratch: PathBuf,
     pub out: mpsc::Sender<pb::AgentMessage>,
+    pub metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
 pub(crate) type TaskResult = Result<Outcome, (ErrorKind, String)>;
@@ -35,8 +36,19 @@ fn failed(err: impl std::fmt::Display) -> (ErrorKind, String) {
 
 pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
     let id = task.task_id.clone();
+    let store = match &task.kind {
+        Some(
+            pb::task::Kind::List(pb::ListTask { store, .. }) | pb::task::Kind::Remove(pb::RemoveTask { store, .. }),
+        ) => store.clone(),
+        _ => String::new(),
+    };
     let result = match task.kind {
-        Some(pb::task::Kind::Build(b)) => build(&ctx, &id, b).await,
+        Some(pb::task::Kind::Build(b)) => {
+            let building = ctx.metrics.building();
+            let result = build(&ctx, &id, b).await;
+            building.finished(result.is_ok());
+            result
+        }
         Some(pb::task::Kind::Push(p)) => push(&ctx, &id, p).await,
         Some(pb::task::Kind::List(l)) => list(&ctx, l).await,
         Some(pb::task::Kind::Inspect(i)) => inspect(&ctx, i).await,
@@ -51,6 +63,10 @@ pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
         )),
         None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
+    if let Ok(outcome) = &result {
+        let store = if store.is_empty() { crate::stores::host_store_id(&ctx.agent_id) } else { store };
+        ctx.metrics.answered(&store, outcome);
+    }
     answer(&ctx.out, id, result).await;
 }
 

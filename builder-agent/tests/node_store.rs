@@ -413,6 +413,7 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
         scratch_dir: scratch.path().to_path_buf(),
         cluster: "c1".to_string(),
         identity: None,
+        metrics: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(kiln_agent::run_node_with(config, std::sync::Arc::new(store), async {

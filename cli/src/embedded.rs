@@ -86,6 +86,8 @@ impl Embedded {
                 scratch_dir: embedded.site.scratch_dir(),
                 cluster: String::new(),
                 identity: None,
+                // No listener of its own: a developer's `kiln up` opens no port it does not need.
+                metrics: None,
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
                 let _ = stopped.await;

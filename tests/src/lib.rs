@@ -242,6 +242,7 @@ impl Farm {
             scratch_dir: self.home.join("scratch"),
             cluster: String::new(),
             identity: None,
+            metrics: None,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -266,6 +267,7 @@ impl Farm {
             scratch_dir: self.home.join("scratch").join(agent_id),
             cluster: cluster.to_string(),
             identity: None,
+            metrics: None,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

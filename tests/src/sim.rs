@@ -291,6 +291,7 @@ impl SimFarm {
             scratch_dir: self.state.path().join("scratch").join(id),
             cluster: String::new(),
             identity: None,
+            metrics: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let shared: Arc<dyn HostStore> = store.clone();

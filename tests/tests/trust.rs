@@ -187,6 +187,7 @@ async fn start_agent(farm: &TrustedFarm, id: &str, dir: &std::path::Path) -> tok
         scratch_dir: dir.join("scratch"),
         cluster: String::new(),
         identity: Some(kiln_agent::enroll::Identity::in_dir(dir)),
+        metrics: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

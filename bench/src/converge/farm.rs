@@ -216,6 +216,7 @@ impl Farm {
             scratch_dir: home.join("scratch"),
             cluster: String::new(),
             identity: None,
+            metrics: None,
         };
         let (agent_stop, stopped) = oneshot::channel::<()>();
         let host: Arc<dyn HostStore> = store.clone();

@@ -47,6 +47,10 @@ struct Args {
     /// Builds this agent runs at once; the coordinator never gives it more. Default: one per core.
     #[arg(long, env = "KILN_SLOTS", default_value_t = 0, hide_default_value = true)]
     slots: u32,
+    /// Serve this agent's `/metrics` (Prometheus) over plain HTTP on this address, e.g.
+    /// `127.0.0.1:7072`. Off unless given; unauthenticated, so bind it where only the scraper reaches.
+    #[arg(long, value_name = "ADDR", env = "KILN_METRICS")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +108,7 @@ async fn main() -> anyhow::Result<()> {
         cluster: args.cluster.unwrap_or_default(),
         identity: tls.then_some(identity),
         slots: args.slots,
+        metrics: args.metrics,
     };
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");

@@ -22,8 +22,11 @@ use tonic::transport::Channel;
 /// What a node agent's tasks share: the store, and the coordinator's relay imports come from.
 pub(crate) struct NodeContext {
     pub store: Arc<dyn NodeStore>,
+    /// The id the store is announced by (`containerd@AGENT`, `cri@AGENT`), for its metrics.
+    pub store_id: String,
     pub relay: pb::image_relay_client::ImageRelayClient<Channel>,
     pub out: mpsc::Sender<pb::AgentMessage>,
+    pub metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
 pub(crate) async fn execute(ctx: Arc<NodeContext>, task: pb::Task) {
@@ -41,6 +44,9 @@ pub(crate) async fn execute(ctx: Arc<NodeContext>, task: pb::Task) {
         )),
         None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
+    if let Ok(outcome) = &result {
+        ctx.metrics.answered(&ctx.store_id, outcome);
+    }
     answer(&ctx.out, task.task_id, result).await;
 }
 

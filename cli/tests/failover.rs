@@ -104,6 +104,7 @@ fn agent(urls: &str, scratch: &Path) -> (Arc<SimHost>, tokio::sync::oneshot::Sen
         scratch_dir: scratch.to_path_buf(),
         cluster: String::new(),
         identity: None,
+        metrics: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn kiln_agent::host::HostStore> = host.clone();

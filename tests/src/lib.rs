@@ -152,11 +152,29 @@ pub struct Farm {
     agent: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
     /// Node agents started with [`Farm::start_node`].
     nodes: Vec<(oneshot::Sender<()>, JoinHandle<()>)>,
+    /// [`Farm::start_observed`]: where the coordinator (`--http`) and the agent (`--metrics`)
+    /// serve `/metrics`.
+    pub coordinator_metrics: Option<std::net::SocketAddr>,
+    pub agent_metrics: Option<std::net::SocketAddr>,
+}
+
+/// A loopback address whose port was free a moment ago, for a listener the code under test binds.
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 impl Farm {
     /// Starts a farm whose state lives under `home` (its `state/` and `scratch/`).
     pub async fn start(home: &Path) -> Farm {
+        Farm::start_with(home, false).await
+    }
+
+    /// A farm whose coordinator and agent also serve `/metrics`, each on a free loopback port.
+    pub async fn start_observed(home: &Path) -> Farm {
+        Farm::start_with(home, true).await
+    }
+
+    async fn start_with(home: &Path, observed: bool) -> Farm {
         let farm_id = kiln_core::farm::embedded_farm_id("e2e", home);
         let store = Arc::new(Counting {
             inner: DockerStore::connect_local().await.expect("the Docker daemon must run for end-to-end tests"),
@@ -177,6 +195,8 @@ impl Farm {
             claim_lease: std::time::Duration::from_secs(600),
             agent: None,
             nodes: Vec::new(),
+            coordinator_metrics: observed.then(free_addr),
+            agent_metrics: observed.then(free_addr),
         };
         farm.start_coordinator().await;
         farm.start_agent().await;
@@ -194,6 +214,7 @@ impl Farm {
         drop(listener);
         let mut config = kiln_coordinator::Config::new(self.home.join("state"), self.farm_id.clone());
         config.claim_lease = self.claim_lease;
+        config.http = self.coordinator_metrics;
         let (tx, rx) = oneshot::channel::<()>();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let task = runtime.spawn(async move {
@@ -242,7 +263,7 @@ impl Farm {
             scratch_dir: self.home.join("scratch"),
             cluster: String::new(),
             identity: None,
-            metrics: None,
+            metrics: self.agent_metrics,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();

@@ -33,7 +33,8 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the farm (the default when no command is given).
-    Serve(ServeArgs),
+    // Boxed: the serve flags outweigh every other command's, and the enum is as big as its largest.
+    Serve(Box<ServeArgs>),
     /// Create the farm: its CA and the coordinator's server certificate under DIR/tls.
     Init {
         #[arg(long, env = "KILN_FARM")]
@@ -218,7 +219,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => serve(cli.serve).await,
-        Some(Command::Serve(args)) => serve(args).await,
+        Some(Command::Serve(args)) => serve(*args).await,
         Some(Command::Init { farm, state, sans }) => init(&farm, &state, sans),
         Some(Command::Token { command }) => token(command).await,
         Some(Command::Enroll { state, role, cluster, expires }) => enroll(&state, &role, cluster, expires).await,

@@ -148,6 +148,7 @@ fn agent(urls: &str, scratch: &Path) -> tokio::sync::oneshot::Sender<()> {
         scratch_dir: scratch.to_path_buf(),
         cluster: String::new(),
         identity: None,
+        metrics: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(kiln_agent::run_with(config, host, async {

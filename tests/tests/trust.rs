@@ -469,6 +469,7 @@ async fn a_member_cannot_cancel_another_teams_running_converge() {
         scratch_dir: dir.join("scratch"),
         cluster: String::new(),
         identity: Some(kiln_agent::enroll::Identity::in_dir(&dir)),
+        metrics: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: std::sync::Arc<dyn kiln_agent::host::HostStore> = host.clone();

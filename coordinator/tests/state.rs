@@ -19,7 +19,7 @@ use kiln_coordinator::model::{
     RecordedKind,
 };
 use kiln_coordinator::state::{
-    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, StateStore, StateError, POSTGRES_SCHEMA_VERSION,
+    Clock, Leadership, ManualClock, PostgresStore, SqliteStore, StateError, StateStore, POSTGRES_SCHEMA_VERSION,
     SCHEMA_VERSION,
 };
 use kiln_e2e::postgres::{Database, Postgres};

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::state::{StateStore, StateError};
+use crate::state::{StateError, StateStore};
 
 /// A lease on a farm's leadership, as the store granted or last renewed it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,7 +131,12 @@ pub fn holder_id() -> String {
 
 /// Stands by until this coordinator holds the farm's lease, then renews it in the background.
 /// Returns at once on SQLite, where leadership is always held.
-pub async fn lead(store: Arc<dyn StateStore>, holder: &str, addr: &str, policy: LeasePolicy) -> Result<Held, StateError> {
+pub async fn lead(
+    store: Arc<dyn StateStore>,
+    holder: &str,
+    addr: &str,
+    policy: LeasePolicy,
+) -> Result<Held, StateError> {
     let mut announced = false;
     let (leadership, deadline) = loop {
         // The local deadline starts before the request: the database's expiry was set after it.

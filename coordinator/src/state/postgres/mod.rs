@@ -59,7 +59,7 @@ use crate::model::{
     AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
     Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
-use crate::state::{Clock, Leadership, StateStore, StateError, SystemClock};
+use crate::state::{Clock, Leadership, StateError, StateStore, SystemClock};
 
 pub use migrations::SCHEMA_VERSION;
 

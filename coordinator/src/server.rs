@@ -190,7 +190,7 @@ pub async fn serve(
         .with_upload_limit(config.max_upload_bytes);
     let verifier = Arc::new(crate::trust::Verifier::new(store.clone()));
     let mode = if config.tls.is_some() { crate::trust::Mode::Verified } else { crate::trust::Mode::Open };
-    let guard = crate::trust::Guard { mode, verifier, activity };
+    let guard = crate::trust::Guard { mode, verifier, activity: activity.clone() };
     let enrollment = crate::trust::enroll::EnrollService {
         store: store.clone(),
         authority: config.tls.as_ref().and_then(|t| t.authority.clone()),
@@ -226,7 +226,8 @@ pub async fn serve(
     });
     let _http = match engine.config.http {
         Some(addr) => {
-            Some(crate::web::start(addr, engine.clone()).await.map_err(|err| ServeError::Http { addr, err })?)
+            let pages = crate::web::start(addr, engine.clone(), activity.clone()).await;
+            Some(pages.map_err(|err| ServeError::Http { addr, err })?)
         }
         None => None,
     };

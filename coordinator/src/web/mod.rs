@@ -1,5 +1,5 @@
-//! The coordinator's HTTP side (`kiln-coordinator --http ADDR`): `/metrics` for Prometheus, and
-//! later the status page. Off unless an address is given, and never in the CLI's embedded mode:
+//! The coordinator's HTTP side (`kiln-coordinator --http ADDR`): `/metrics` for Prometheus,
+//! `/healthz` and `/readyz` for probes, and later the status page. Off unless an address is given, and never in the CLI's embedded mode:
 //! a developer's `kiln up` opens no port beyond the loopback gRPC one it needs.
 //!
 //! Plain HTTP/1 through axum's router on hyper (both already built for tonic). What it serves is
@@ -10,14 +10,16 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::engine::Engine;
+use crate::state::leadership::Activity;
 
 /// The HTTP listener while it runs; dropping it stops it and every connection it holds.
 #[derive(Debug)]
@@ -30,14 +32,37 @@ impl Drop for Listening {
 }
 
 /// Binds `addr` and serves the coordinator's pages from `engine` until the returned handle drops.
-pub(crate) async fn start(addr: SocketAddr, engine: Arc<Engine>) -> std::io::Result<Listening> {
+pub(crate) async fn start(
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    activity: watch::Receiver<Activity>,
+) -> std::io::Result<Listening> {
     let listener = TcpListener::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
-    Ok(Listening(tokio::spawn(serve(listener, router(engine)))))
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    Ok(Listening(tokio::spawn(serve(listener, router(engine).merge(probes(activity))))))
 }
 
 fn router(engine: Arc<Engine>) -> Router {
     Router::new().route("/metrics", get(metrics)).with_state(engine)
+}
+
+/// Probes for process managers that cannot speak gRPC over TLS (the kubelet's `grpc:` probe is
+/// plaintext only): `/healthz` answers while the process serves; `/readyz` only while this
+/// coordinator is the farm's active one — a standby is alive but must get no traffic.
+fn probes(activity: watch::Receiver<Activity>) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(ready)).with_state(activity)
+}
+
+async fn ready(State(activity): State<watch::Receiver<Activity>>) -> impl IntoResponse {
+    match &*activity.borrow() {
+        Activity::Active => (StatusCode::OK, "active\n".to_string()),
+        Activity::Standby { active: Some(addr) } => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("standing by; the active coordinator is at {addr}\n"))
+        }
+        Activity::Standby { active: None } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "standing by; no coordinator holds the farm's lease yet\n".to_string())
+        }
+    }
 }
 
 async fn metrics(State(engine): State<Arc<Engine>>, headers: HeaderMap) -> impl IntoResponse {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use kiln_core::manifest::{AddressError, ImageAddressError, ManifestError};
 
+use crate::stage::StageError;
 use crate::upload::UploadError;
 
 /// The process exit code of a command.
@@ -45,6 +46,9 @@ pub enum CliError {
         #[source]
         err: AddressError,
     },
+    /// A staged context: its command failed or could not start, or the seal refused its tree.
+    #[error(transparent)]
+    Stage(#[from] StageError),
     #[error("coordinator address {url:?} is not usable: {why}")]
     BadUrl { url: String, why: String },
     #[error("the token is not usable: {why}")]
@@ -138,6 +142,7 @@ impl CliError {
     /// The exit code this failure is.
     pub fn exit(&self) -> Exit {
         match self {
+            CliError::Stage(err) => err.exit(),
             CliError::Manifest(_)
             | CliError::Address { .. }
             | CliError::BadUrl { .. }

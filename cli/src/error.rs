@@ -47,8 +47,9 @@ pub enum CliError {
         err: AddressError,
     },
     /// A staged context: its command failed or could not start, or the seal refused its tree.
+    /// Boxed: it carries the command's output, and every command's `Result` would carry its size.
     #[error(transparent)]
-    Stage(#[from] StageError),
+    Stage(Box<StageError>),
     #[error("coordinator address {url:?} is not usable: {why}")]
     BadUrl { url: String, why: String },
     #[error("the token is not usable: {why}")]
@@ -130,6 +131,12 @@ pub enum CliError {
     Output(#[source] std::io::Error),
     #[error("the {what} task panicked")]
     Panicked { what: &'static str },
+}
+
+impl From<StageError> for CliError {
+    fn from(err: StageError) -> CliError {
+        CliError::Stage(Box::new(err))
+    }
 }
 
 impl From<ImageAddressError> for CliError {

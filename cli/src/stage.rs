@@ -79,8 +79,9 @@ pub enum StageError {
     Seal {
         image: String,
         command: String,
+        /// Boxed: the seal's errors name a tree and a path, and this `Result` is returned often.
         #[source]
-        err: SealError,
+        err: Box<SealError>,
     },
 }
 
@@ -152,7 +153,7 @@ pub fn stage_one(name: &str, image: &BuiltImage, stage: &Stage) -> Result<Staged
         Err(err) => {
             // The refused tree is the evidence: keep it; the seal's message names where it is.
             let _ = dir.keep();
-            Err(StageError::Seal { image: name.to_string(), command, err })
+            Err(StageError::Seal { image: name.to_string(), command, err: Box::new(err) })
         }
     }
 }
@@ -277,9 +278,8 @@ mod tests {
         let (_tmp, manifest) = staged_manifest("echo x > \"$1/a\"\nln -s \"$1/a\" \"$1/link\"\n", "");
         let err = stage_all(&manifest).unwrap_err();
         assert_eq!(err.exit(), Exit::Usage);
-        let StageError::Seal { err: SealError::SymlinkNamesStaging { root, path, .. }, .. } = &err else {
-            panic!("{err}")
-        };
+        let StageError::Seal { err: sealed, .. } = &err else { panic!("{err}") };
+        let SealError::SymlinkNamesStaging { root, path, .. } = &**sealed else { panic!("{err}") };
         assert_eq!(path, "link");
         assert!(root.join("a").exists(), "the refused tree is kept to look at");
         std::fs::remove_dir_all(root).unwrap();
@@ -295,7 +295,8 @@ mod tests {
 
         let (_tmp, manifest) = staged_manifest(script, "");
         let err = stage_all(&manifest).unwrap_err();
-        let StageError::Seal { err: SealError::HoldsStaging { root, path, .. }, .. } = &err else { panic!("{err}") };
+        let StageError::Seal { err: sealed, .. } = &err else { panic!("{err}") };
+        let SealError::HoldsStaging { root, path, .. } = &**sealed else { panic!("{err}") };
         assert_eq!(path, "config.json");
         std::fs::remove_dir_all(root).unwrap();
     }

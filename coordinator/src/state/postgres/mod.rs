@@ -65,6 +65,8 @@ pub use migrations::SCHEMA_VERSION;
 
 /// Connections per coordinator: a converge holds one only for a statement or a short transaction.
 const POOL_SIZE: usize = 16;
+/// Connections for the lease alone: a standby's poll and an active one's renewal.
+const LEASE_POOL_SIZE: usize = 2;
 /// How long a call waits for a connection (to be made, or freed by another call).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -76,6 +78,9 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: Pool,
+    /// The lease's own connections: a renewal never queues behind a busy farm's converges for a
+    /// connection of `pool` — under load that wait outlasted the lease and stopped the coordinator.
+    lease_pool: Pool,
     clock: Arc<dyn Clock>,
     /// The URL without its password, for errors.
     database: String,
@@ -103,26 +108,13 @@ impl PostgresStore {
             config.application_name("kiln-coordinator");
         }
         let database = describe(&config);
-        // `Fast` recycling trusts a connection the driver has not seen close: a dead one fails its
-        // next statement, which the caller sees as a backend error, instead of every call paying a
-        // round trip to check.
-        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(manager)
-            .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(CONNECT_TIMEOUT))
-            .create_timeout(Some(CONNECT_TIMEOUT))
-            .build()
-            .map_err(|err| StateError::Unreachable {
-                database: database.clone(),
-                what: "opening the store".into(),
-                err: Box::new(err),
-            })?;
+        let pool = pool_of(&config, POOL_SIZE, &database)?;
+        let lease_pool = pool_of(&config, LEASE_POOL_SIZE, &database)?;
         let mut client = get(&pool, &database, "opening the store").await?;
         let applied = migrations::migrate(&mut client, &database, clock.now_ms()).await?;
         drop(client);
         let leadership = Mutex::new(None);
-        Ok(PostgresStore { inner: Arc::new(Inner { pool, clock, database, applied, leadership }) })
+        Ok(PostgresStore { inner: Arc::new(Inner { pool, lease_pool, clock, database, applied, leadership }) })
     }
 
     /// The database, as its URL without the password.
@@ -143,6 +135,10 @@ impl PostgresStore {
         get(&self.inner.pool, &self.inner.database, what).await
     }
 
+    async fn lease_client(&self, what: &str) -> Result<Object, StateError> {
+        get(&self.inner.lease_pool, &self.inner.database, what).await
+    }
+
     /// Opens a write transaction on `client`, fenced: it fails unless this handle's lease token is
     /// still the farm's current one (or the farm has never had a leader and this handle claims none).
     async fn write<'c>(&self, client: &'c mut Object, what: &str) -> Result<Transaction<'c>, StateError> {
@@ -159,6 +155,26 @@ impl PostgresStore {
     fn set_held(&self, leadership: Option<Leadership>) {
         *self.inner.leadership.lock().unwrap_or_else(PoisonError::into_inner) = leadership;
     }
+}
+
+/// A pool of at most `size` connections to the database `config` names.
+fn pool_of(config: &tokio_postgres::Config, size: usize, database: &str) -> Result<Pool, StateError> {
+    // `Fast` recycling trusts a connection the driver has not seen close: a dead one fails its
+    // next statement, which the caller sees as a backend error, instead of every call paying a
+    // round trip to check.
+    let manager =
+        Manager::from_config(config.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Pool::builder(manager)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(CONNECT_TIMEOUT))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .build()
+        .map_err(|err| StateError::Unreachable {
+            database: database.to_owned(),
+            what: "opening the store".into(),
+            err: Box::new(err),
+        })
 }
 
 async fn get(pool: &Pool, database: &str, what: &str) -> Result<Object, StateError> {
@@ -567,7 +583,7 @@ impl StateStore for PostgresStore {
         ttl: Duration,
     ) -> Result<Option<Leadership>, StateError> {
         let what = format!("taking the farm's lease for {holder}");
-        let acquired = lease::acquire(&self.client(&what).await?, holder, addr, ttl, &what).await?;
+        let acquired = lease::acquire(&self.lease_client(&what).await?, holder, addr, ttl, &what).await?;
         if acquired.is_some() {
             self.set_held(acquired.clone());
         }
@@ -576,12 +592,12 @@ impl StateStore for PostgresStore {
 
     async fn renew_leadership(&self, leadership: &Leadership, ttl: Duration) -> Result<Leadership, StateError> {
         let what = format!("renewing the farm's lease of {}", leadership.holder);
-        lease::renew(&self.client(&what).await?, leadership, ttl, &what).await
+        lease::renew(&self.lease_client(&what).await?, leadership, ttl, &what).await
     }
 
     async fn resign_leadership(&self, leadership: &Leadership) -> Result<(), StateError> {
         let what = format!("resigning the farm's lease of {}", leadership.holder);
-        lease::resign(&self.client(&what).await?, leadership, &what).await?;
+        lease::resign(&self.lease_client(&what).await?, leadership, &what).await?;
         if self.held().is_some_and(|held| held.token == leadership.token) {
             self.set_held(None);
         }
@@ -590,6 +606,6 @@ impl StateStore for PostgresStore {
 
     async fn current_leader(&self) -> Result<Option<Leadership>, StateError> {
         let what = "reading the farm's lease";
-        lease::current(&self.client(what).await?, what).await
+        lease::current(&self.lease_client(what).await?, what).await
     }
 }

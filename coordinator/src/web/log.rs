@@ -68,8 +68,10 @@ fn text(event: &Event) -> String {
         EventKind::Pushed { bytes: n } => with(format!("pushed {}", bytes(*n))),
         EventKind::Delivered => with("delivered".to_string()),
         EventKind::Failed => format!("failed: {message}"),
-        EventKind::Finished { succeeded: true, generation: 0 } => with("succeeded".to_string()),
-        EventKind::Finished { succeeded: true, generation } => with(format!("succeeded: generation {generation}")),
+        // The message already says the generation (`shop at generation 4`) when there is one.
+        EventKind::Finished { succeeded: true, .. } if !message.is_empty() => format!("succeeded: {message}"),
+        EventKind::Finished { succeeded: true, generation: 0 } => "succeeded".to_string(),
+        EventKind::Finished { succeeded: true, generation } => format!("succeeded: generation {generation}"),
         EventKind::Finished { succeeded: false, .. } => "failed".to_string(),
         EventKind::Note | EventKind::Queued { .. } | EventKind::Requeued { .. } | EventKind::Unknown => {
             message.to_string()

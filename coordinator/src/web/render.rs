@@ -317,10 +317,15 @@ fn record(out: &mut String, now: u64, i: &Instance) {
         };
         td(out, "image", &format!("<b>{}</b>{kind}", esc(&image.name)));
         td(out, "ref", &format!(r#"<span class="ref">{}</span>"#, esc(&image.reference)));
-        let user = match &image.user {
-            Some(user) => esc(user),
-            None => {
+        let user = match (&image.user, image.kind) {
+            (Some(user), _) => esc(user),
+            (None, "built") => {
                 r#"<span class="muted" title="the image declares no USER: it runs as root">(root)</span>"#.to_string()
+            }
+            // Kiln never inspects what it did not build.
+            (None, _) => {
+                r#"<span class="muted" title="not inspected: Kiln never inspects brought or pinned images">—</span>"#
+                    .to_string()
             }
         };
         td(out, "USER", &user);
@@ -336,7 +341,11 @@ fn ledger(out: &mut String, now: u64, view: &LedgerView) {
         Some(at) => format!("Listed {} (the sweep's dry-run plan", when(now, at)),
         None => "Not listed yet (the sweep's dry-run plan".to_string(),
     };
-    let _ = write!(fresh, ", made at most every {} s while this page is open)", LEDGER_FRESH.as_secs());
+    let _ = write!(
+        fresh,
+        ", made at most every {} s while this page is open, and soon after a converge ends)",
+        LEDGER_FRESH.as_secs()
+    );
     if view.refreshing {
         fresh.push_str(" · listing the stores now…");
     }

@@ -24,6 +24,8 @@ const CONVERGES: usize = 20;
 const SWEEPS: usize = 10;
 /// How old the byte ledger may be before a look asks for a new one.
 pub(crate) const LEDGER_FRESH: Duration = Duration::from_secs(30);
+/// How old it may be once a converge ended after its listing.
+const LEDGER_SOON: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Status {
@@ -189,6 +191,7 @@ pub(crate) async fn gather(
             converge_row(c, mine)
         })
         .collect();
+    let last_finished = converges.iter().filter_map(|c| c.finished_ms).max().unwrap_or(0);
     let follow = converges.iter().find(|c| c.state == "running").or(converges.first()).map(|c| c.id.clone());
     let mut instances = Vec::new();
     for (record, _) in store.records().await? {
@@ -211,7 +214,7 @@ pub(crate) async fn gather(
         converges,
         follow,
         instances,
-        ledger: ledger(engine, known),
+        ledger: ledger(engine, known, last_finished),
         sweeps,
     })
 }
@@ -390,10 +393,15 @@ fn summarize(c: Converge, events: &[crate::model::Event]) -> Sweep {
 
 /// The ledger as last made; starts a new one in the background when it is older than
 /// [`LEDGER_FRESH`], so no look ever waits on the stores' listings.
-fn ledger(engine: &Arc<Engine>, known: &Arc<Known>) -> LedgerView {
+fn ledger(engine: &Arc<Engine>, known: &Arc<Known>, last_finished_ms: u64) -> LedgerView {
     let now = now_ms();
     let mut slot = known.ledger.lock().unwrap();
-    let stale = slot.started_ms.is_none_or(|at| now.saturating_sub(at) >= LEDGER_FRESH.as_millis() as u64);
+    let stale = slot.started_ms.is_none_or(|at| {
+        let age = now.saturating_sub(at);
+        // A converge that ended since changed what the stores hold (it built, or swept): look
+        // again soon, but not for every converge of a busy farm.
+        age >= LEDGER_FRESH.as_millis() as u64 || (last_finished_ms >= at && age >= LEDGER_SOON.as_millis() as u64)
+    });
     if stale && !slot.view.refreshing {
         slot.view.refreshing = true;
         slot.started_ms = Some(now);

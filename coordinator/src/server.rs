@@ -196,6 +196,7 @@ pub async fn serve(
         crate::trust::Mode::Verified => crate::web::Gate::Tokens(verifier.clone()),
         crate::trust::Mode::Open => crate::web::Gate::Open,
     };
+    let page_activity = activity.clone();
     let guard = crate::trust::Guard { mode, verifier, activity };
     let enrollment = crate::trust::enroll::EnrollService {
         store: store.clone(),
@@ -232,7 +233,7 @@ pub async fn serve(
     });
     let _http = match engine.config.http {
         Some(addr) => {
-            let listening = crate::web::start(addr, engine.clone(), page_gate).await;
+            let listening = crate::web::start(addr, engine.clone(), page_gate, page_activity).await;
             Some(listening.map_err(|err| ServeError::Http { addr, err })?)
         }
         None => None,

@@ -25,10 +25,12 @@ use axum::routing::{get, post};
 use axum::{middleware, Extension, Form, Json, Router};
 use serde::Deserialize;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::engine::Engine;
 use crate::model::ConvergeId;
+use crate::state::leadership::Activity;
 use crate::state::StateError;
 use crate::trust::Principal;
 pub(crate) use auth::Gate;
@@ -50,6 +52,19 @@ pub(crate) struct Web {
     engine: Arc<Engine>,
     auth: auth::Auth,
     known: Arc<view::Known>,
+    /// Whether this coordinator leads its farm: a standby's page says where the active one is.
+    activity: watch::Receiver<Activity>,
+}
+
+impl Web {
+    /// Everything the page shows, as `who` may see it.
+    async fn status(&self, who: &Principal) -> Result<view::Status, StateError> {
+        let standby = match &*self.activity.borrow() {
+            Activity::Standby { active } => Some(active.clone().unwrap_or_default()),
+            Activity::Active => None,
+        };
+        view::gather(&self.engine, &self.known, who, self.auth.is_open(), standby).await
+    }
 }
 
 /// Where a request came from, for the audit log's logins.
@@ -58,11 +73,16 @@ struct PeerAddr(SocketAddr);
 
 /// Binds `addr` and serves the coordinator's pages from `engine` until the returned handle drops;
 /// `gate` says who may look at the status page.
-pub(crate) async fn start(addr: SocketAddr, engine: Arc<Engine>, gate: Gate) -> std::io::Result<Listening> {
+pub(crate) async fn start(
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    gate: Gate,
+    activity: watch::Receiver<Activity>,
+) -> std::io::Result<Listening> {
     let listener = TcpListener::bind(addr).await?;
     let open = matches!(gate, Gate::Open);
     tracing::info!(addr = %listener.local_addr()?, login = !open, "serving the status page and /metrics");
-    let web = Arc::new(Web { engine, auth: auth::Auth::new(gate), known: Default::default() });
+    let web = Arc::new(Web { engine, auth: auth::Auth::new(gate), known: Default::default(), activity });
     Ok(Listening(tokio::spawn(serve(listener, router(web)))))
 }
 
@@ -97,7 +117,7 @@ struct PageQuery {
 }
 
 async fn page(State(web): State<Arc<Web>>, Extension(who): Extension<Principal>, query: Query<PageQuery>) -> Response {
-    let status = match view::gather(&web.engine, &web.known, &who, web.auth.is_open()).await {
+    let status = match web.status(&who).await {
         Ok(status) => status,
         Err(err) => return unavailable(&err),
     };
@@ -116,7 +136,7 @@ async fn page(State(web): State<Arc<Web>>, Extension(who): Extension<Principal>,
 }
 
 async fn status(State(web): State<Arc<Web>>, Extension(who): Extension<Principal>) -> Response {
-    match view::gather(&web.engine, &web.known, &who, web.auth.is_open()).await {
+    match web.status(&who).await {
         Ok(status) => Json(status).into_response(),
         Err(err) => unavailable(&err),
     }

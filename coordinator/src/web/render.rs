@@ -156,6 +156,13 @@ fn header(out: &mut String, s: &Status) {
     if s.viewer.starts_with("user:") {
         out.push_str(r#"<form method="post" action="/logout"><button type="submit">Log out</button></form>"#);
     }
+    match s.standby.as_deref() {
+        None => {}
+        Some("") => out.push_str(r#"<p class="error">This coordinator stands by and no coordinator holds the farm's lease yet; one takes over within seconds.</p>"#),
+        Some(active) => {
+            let _ = write!(out, r#"<p class="error">This coordinator stands by: the farm's active coordinator is at {}.</p>"#, esc(active));
+        }
+    }
     out.push_str("</header>");
 }
 
@@ -444,6 +451,7 @@ mod tests {
             version: "0.1.0",
             now_ms: 10_000,
             viewer: "open".into(),
+            standby: None,
             agents: Vec::new(),
             slots: 0,
             busy: 0,
@@ -508,6 +516,15 @@ mod tests {
         let mut s = status();
         s.farm = BODY.to_string();
         assert_eq!(page(&s, LogPart::Omit).matches(BODY).count(), 0, "the marker was escaped, not filled");
+    }
+
+    #[test]
+    fn a_standby_says_where_the_active_coordinator_is() {
+        let mut s = status();
+        s.standby = Some("https://coord-b:7070".into());
+        assert!(page(&s, LogPart::Omit).contains("the farm's active coordinator is at https://coord-b:7070"));
+        s.standby = None;
+        assert!(!page(&s, LogPart::Omit).contains("stands by"));
     }
 
     #[test]

@@ -34,6 +34,10 @@ pub(crate) struct Status {
     pub now_ms: u64,
     /// Who is looking: `user:vera (viewer)`, or `open (no TLS)`.
     pub viewer: String,
+    /// Set while this coordinator stands by: where the farm's active coordinator serves (empty
+    /// while none holds the lease). A standby has no agents and lists no store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub standby: Option<String>,
     pub agents: Vec<Agent>,
     /// Build slots of the connected host agents, and how many are busy.
     pub slots: u32,
@@ -162,6 +166,7 @@ pub(crate) async fn gather(
     known: &Arc<Known>,
     principal: &Principal,
     open: bool,
+    standby: Option<String>,
 ) -> Result<Status, StateError> {
     let store = &engine.store;
     let now = now_ms();
@@ -214,7 +219,14 @@ pub(crate) async fn gather(
         converges,
         follow,
         instances,
-        ledger: ledger(engine, known, last_finished),
+        ledger: match &standby {
+            None => ledger(engine, known, last_finished),
+            Some(_) => LedgerView {
+                error: Some("this coordinator stands by: the active one lists the stores".to_string()),
+                ..LedgerView::default()
+            },
+        },
+        standby,
         sweeps,
     })
 }

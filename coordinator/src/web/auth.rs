@@ -57,9 +57,30 @@ pub(crate) struct Auth {
     sessions: Mutex<HashMap<String, Session>>,
 }
 
-/// Why a request was refused; never says more than that the caller must log in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Refused(pub &'static str);
+/// Why a request was refused; never says more than that the caller must log in, or come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// No session, or one that ended: log in (again), for the reason given.
+    Login(&'static str),
+    /// Tokens cannot be checked now (the state store is unavailable): nobody's fault, try again.
+    Unavailable,
+}
+
+impl Refused {
+    pub fn why(self) -> &'static str {
+        match self {
+            Refused::Login(why) => why,
+            Refused::Unavailable => "tokens cannot be checked now (the state store is unavailable): try again",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Refused::Login(_) => StatusCode::UNAUTHORIZED,
+            Refused::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
 
 impl Auth {
     pub fn new(gate: Gate) -> Auth {
@@ -76,12 +97,14 @@ impl Auth {
             Gate::Open => return Ok(Principal::Embedded),
             Gate::Tokens(verifier) => verifier,
         };
-        let Some(id) = cookie(headers, COOKIE) else { return Err(Refused("no session: log in with your token")) };
+        let Some(id) = cookie(headers, COOKIE) else {
+            return Err(Refused::Login("no session: log in with your token"));
+        };
         let token = {
             let sessions = self.sessions.lock().unwrap();
             match sessions.get(id) {
                 Some(session) if session.until > Instant::now() => session.token.clone(),
-                _ => return Err(Refused("the session is unknown or expired: log in again")),
+                _ => return Err(Refused::Login("the session is unknown or expired: log in again")),
             }
         };
         match verifier.user(&token).await {
@@ -89,9 +112,11 @@ impl Auth {
             Ok(None) => {
                 // Revoked or expired since the login: the session goes with it.
                 self.sessions.lock().unwrap().remove(id);
-                Err(Refused("the session's token is no longer valid (revoked or expired): log in with a new one"))
+                Err(Refused::Login(
+                    "the session's token is no longer valid (revoked or expired): log in with a new one",
+                ))
             }
-            Err(_) => Err(Refused("tokens cannot be checked now (the state store is unavailable): try again")),
+            Err(_) => Err(Refused::Unavailable),
         }
     }
 
@@ -100,8 +125,10 @@ impl Auth {
         let Gate::Tokens(verifier) = &self.gate else { return Ok((String::new(), Principal::Embedded)) };
         let user = match verifier.user(token.trim()).await {
             Ok(Some(user)) => user,
-            Ok(None) => return Err(Refused("not a valid token: unknown, expired or revoked — ask an admin for one")),
-            Err(_) => return Err(Refused("tokens cannot be checked now (the state store is unavailable): try again")),
+            Ok(None) => {
+                return Err(Refused::Login("not a valid token: unknown, expired or revoked — ask an admin for one"))
+            }
+            Err(_) => return Err(Refused::Unavailable),
         };
         let id = session_id();
         let mut sessions = self.sessions.lock().unwrap();
@@ -162,11 +189,13 @@ pub(crate) async fn require(State(web): State<Arc<super::Web>>, mut request: Req
             request.extensions_mut().insert(principal);
             next.run(request).await
         }
-        Err(Refused(why)) => {
-            tracing::debug!(path = %request.uri().path(), why, "status page refused");
+        Err(refused) => {
+            tracing::debug!(path = %request.uri().path(), why = refused.why(), "status page refused");
             if request.uri().path().starts_with("/api/") {
-                let body = serde_json::json!({ "error": why, "login": "/login" }).to_string();
-                (StatusCode::UNAUTHORIZED, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+                let body = serde_json::json!({ "error": refused.why(), "login": "/login" }).to_string();
+                (refused.status(), [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            } else if refused == Refused::Unavailable {
+                (refused.status(), refused.why()).into_response()
             } else {
                 Redirect::to("/login").into_response()
             }

@@ -209,9 +209,9 @@ async fn login(
                 .into_response()
         }
         // Refusals are logged, not audited: anyone who reaches the port could fill the audit log.
-        Err(auth::Refused(why)) => {
-            tracing::warn!(peer = %address, why, "status page login refused");
-            (StatusCode::UNAUTHORIZED, Html(render::login(Some(why)))).into_response()
+        Err(refused) => {
+            tracing::warn!(peer = %address, why = refused.why(), "status page login refused");
+            (refused.status(), Html(render::login(Some(refused.why())))).into_response()
         }
     }
 }

@@ -76,7 +76,7 @@ pub(crate) struct ConvergeRow {
     pub requested_by: String,
     pub started_ms: u64,
     pub finished_ms: Option<u64>,
-    /// Running here: its build tasks, queued and building.
+    /// Its build tasks queued and building on this coordinator (none once it ended).
     pub tasks: Vec<Task>,
 }
 
@@ -173,8 +173,6 @@ pub(crate) async fn gather(
     let tasks = engine.hub.schedule.tasks();
     let (slots, busy) = engine.hub.schedule.slots();
     let agents = agents(engine, &tasks).await?;
-    let running: HashMap<String, String> =
-        engine.running.list().into_iter().map(|(id, _, owner, _, _)| (id, owner)).collect();
     let converges: Vec<ConvergeRow> = store
         .converges(None, CONVERGES)
         .await?
@@ -182,7 +180,7 @@ pub(crate) async fn gather(
         .map(|c| {
             let mut mine: Vec<Task> = tasks
                 .iter()
-                .filter(|t| t.task.converge == c.id.as_str() && running.contains_key(c.id.as_str()))
+                .filter(|t| t.task.converge == c.id.as_str())
                 .map(|t| Task {
                     image: t.task.image.clone(),
                     reference: t.task.reference.clone(),

@@ -324,6 +324,9 @@ async fn a_person_watching_the_page_sees_a_converge_run_succeed_and_move_its_rec
     assert!(inner <= 400, "the window is phone-sized: {fits}");
     assert!(scroll <= inner, "the page scrolls sideways on a phone: {fits}");
     screenshot(&client, &shots, "page-phone.png").await;
+    let height = run(&client, "return document.documentElement.scrollHeight", vec![]).await;
+    client.set_window_size(390, height.as_u64().unwrap_or(844).clamp(844, 6000) as u32 + 150).await.unwrap();
+    screenshot(&client, &shots, "page-phone-whole.png").await;
 
     client.close().await.unwrap();
     drop(driver);

@@ -1,7 +1,7 @@
 //! `kiln-bench failover` (issue 10): what a farm on PostgreSQL costs and how fast it recovers.
 //!
 //! - **Failover time**: two `kiln-coordinator` processes on one PostgreSQL with the default lease
-//!   (10 s), a simulated build host following them; the active one is killed with SIGKILL and the
+//!   (6 s), a simulated build host following them; the active one is killed with SIGKILL and the
 //!   clock runs until the first `kiln up` (the CLI library, given both addresses) succeeds on the
 //!   new one. The killed one comes back as the standby, and the next round kills the other.
 //! - **No-op `kiln up`** against a served coordinator on PostgreSQL vs the same on SQLite, each
@@ -46,7 +46,7 @@ pub fn run(args: &Args) -> Result<()> {
     let median = util::median(&takeovers).as_secs_f64();
     println!("## A farm on PostgreSQL: failover and the state's cost\n");
     println!(
-        "Failover: kill -9 of the active coordinator → first successful `kiln up` on the new one, default lease (10 s TTL), {} rounds:",
+        "Failover: kill -9 of the active coordinator → first successful `kiln up` on the new one, default lease (6 s TTL), {} rounds:",
         args.rounds
     );
     println!("- each: {}", secs.iter().map(|s| format!("{s:.1} s")).collect::<Vec<_>>().join(", "));
@@ -226,7 +226,7 @@ fn wait_up(rt: &tokio::runtime::Runtime, farm: &str, dir: &Path) -> Result<()> {
         match up_once(rt, farm, dir) {
             Ok(()) => return Ok(()),
             Err(_) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(100)),
-            Err(err) => return Err(err),
+            Err(err) => return Err(err.context("no `kiln up` succeeded for 60 s; the last one failed")),
         }
     }
 }

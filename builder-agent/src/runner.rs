@@ -182,6 +182,7 @@ async fn serve(
     // Which of the farm's coordinators is tried next, and the active one a standby named.
     let mut next = 0;
     let mut redirect: Option<String> = None;
+    let mut standby_seen = false;
     loop {
         let url = redirect.take().unwrap_or_else(|| urls[next % urls.len()].clone());
         let mut endpoint =
@@ -196,6 +197,7 @@ async fn serve(
             Session::Refused(why) => return Err(RunError::Refused { agent: config.agent_id.clone(), url, why }),
             Session::Standby { active } => {
                 tracing::info!(agent = %config.agent_id, %url, %active, "that coordinator stands by; going to the active one");
+                standby_seen = true;
                 redirect = Some(active);
                 // The active one is tried at once; the list resumes after the standby.
                 next += 1;
@@ -205,13 +207,19 @@ async fn serve(
                 if was_connected {
                     ladder.reset();
                     failing_since = None;
+                    standby_seen = false;
                 }
                 next += 1;
                 why
             }
         };
         let since = *failing_since.get_or_insert_with(Instant::now);
-        let sleep = ladder.next_sleep(since.elapsed()).unwrap_or(Duration::from_secs(5));
+        let mut sleep = ladder.next_sleep(since.elapsed()).unwrap_or(Duration::from_secs(5));
+        if standby_seen {
+            // A standby answered: a failover is under way and ends within a lease's TTL, so the
+            // agent asks often rather than backing off past the moment the farm is back.
+            sleep = sleep.min(FAILOVER_POLL);
+        }
         tracing::warn!(agent = %config.agent_id, %url, %why, retry_ms = sleep.as_millis() as u64, "coordinator stream lost; reconnecting");
         tokio::select! {
             _ = tokio::time::sleep(sleep) => {}
@@ -219,6 +227,9 @@ async fn serve(
         }
     }
 }
+
+/// How often an agent asks again while a farm fails over.
+const FAILOVER_POLL: Duration = Duration::from_millis(300);
 
 /// The URLs of `--coordinator a,b,c`: a farm's coordinators, of which one is active.
 pub fn coordinator_urls(list: &str) -> Vec<String> {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use kiln_core::manifest::{AddressError, ImageAddressError, ManifestError};
 
+use crate::stage::StageError;
 use crate::upload::UploadError;
 
 /// The process exit code of a command.
@@ -45,6 +46,10 @@ pub enum CliError {
         #[source]
         err: AddressError,
     },
+    /// A staged context: its command failed or could not start, or the seal refused its tree.
+    /// Boxed: it carries the command's output, and every command's `Result` would carry its size.
+    #[error(transparent)]
+    Stage(Box<StageError>),
     #[error("coordinator address {url:?} is not usable: {why}")]
     BadUrl { url: String, why: String },
     #[error("the token is not usable: {why}")]
@@ -128,6 +133,12 @@ pub enum CliError {
     Panicked { what: &'static str },
 }
 
+impl From<StageError> for CliError {
+    fn from(err: StageError) -> CliError {
+        CliError::Stage(Box::new(err))
+    }
+}
+
 impl From<ImageAddressError> for CliError {
     fn from(ImageAddressError { image, err }: ImageAddressError) -> CliError {
         CliError::Address { image, err }
@@ -138,6 +149,7 @@ impl CliError {
     /// The exit code this failure is.
     pub fn exit(&self) -> Exit {
         match self {
+            CliError::Stage(err) => err.exit(),
             CliError::Manifest(_)
             | CliError::Address { .. }
             | CliError::BadUrl { .. }

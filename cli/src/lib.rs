@@ -3,7 +3,8 @@
 //! front over these functions, so the end-to-end tests call exactly what a user runs.
 //!
 //! Where to start:
-//! - [`up`] / [`up_with`] — `kiln up`: [`request::plan_up`] walks and addresses the instance,
+//! - [`up`] / [`up_with`] — `kiln up`: [`request::plan_up`] stages the contexts a manifest says
+//!   are staged ([`stage`]: run the command, seal the tree), walks and addresses the instance,
 //!   `Kiln.Up` streams the converge's [`Event`]s, [`upload`] sends each context the coordinator
 //!   asks for, [`render`] shows the events. It returns an [`UpOutcome`] (events, outcome, exit).
 //! - [`status`], [`logs`], [`images`], [`agents`] — the read commands ([`query`]).
@@ -36,6 +37,7 @@ pub mod ps;
 pub mod query;
 pub mod render;
 pub mod request;
+pub mod stage;
 pub mod sweep;
 pub mod up;
 pub mod upload;

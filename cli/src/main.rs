@@ -190,7 +190,8 @@ enum Command {
         #[arg(long)]
         expect: Option<String>,
     },
-    /// Print the content ref of every image of an instance, as `kiln up` computes them.
+    /// Print the content ref of every image of an instance, as `kiln up` computes them (running
+    /// each built image's stage command, as `kiln up` does).
     Refs {
         /// The instance folder holding `kiln.toml`.
         #[arg(default_value = ".")]

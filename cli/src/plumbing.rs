@@ -16,6 +16,9 @@ pub struct Usage(String);
 
 /// The exit code of a plumbing failure: 2 for what the user gave, 1 for the rest.
 pub fn exit_of(err: &anyhow::Error) -> crate::Exit {
+    if let Some(cli) = err.chain().find_map(|e| e.downcast_ref::<crate::CliError>()) {
+        return cli.exit();
+    }
     let usage = err.chain().any(|e| {
         e.is::<Usage>()
             || e.is::<kiln_core::manifest::ManifestError>()
@@ -143,19 +146,22 @@ fn clear_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Step 1 of the converge, alone: walk and address every built image; brought and pinned refs
-/// pass through untouched.
+/// Step 1 of the converge, alone: stage, walk and address every built image exactly as `kiln up`
+/// does (`request::walk_built`), so a staged image's ref here is the one `up` builds; brought and
+/// pinned refs pass through untouched.
 pub fn refs(dir: &Path) -> Result<()> {
     let manifest = Manifest::load(dir)?;
     let mut out = BufWriter::new(io::stdout().lock());
     writeln!(out, "instance {} → {} ({})", manifest.instance, manifest.target.kind_name(), manifest.platforms)?;
-    let (addressed, trees) = manifest.walk_and_address().with_context(|| manifest.path.display().to_string())?;
+    let walked = crate::request::walk_built(&manifest, None)?;
+    let addressed = manifest.address(&walked.trees()).with_context(|| manifest.path.display().to_string())?;
     for image in &manifest.images {
         match &image.spec {
             ImageSpec::Built(_) => {
                 let done = addressed.iter().find(|a| a.name == image.name).expect("every built image is addressed");
-                let entries = trees[&image.name].entries.len();
-                writeln!(out, "{:<12} built    {}  ({entries} entries)", image.name, done.reference)?;
+                let entries = walked.contexts[&image.name].entries;
+                let staged = if walked.staged.contains_key(&image.name) { ", staged" } else { "" };
+                writeln!(out, "{:<12} built    {}  ({entries} entries{staged})", image.name, done.reference)?;
             }
             ImageSpec::Brought(r) => writeln!(out, "{:<12} brought  {r}", image.name)?,
             ImageSpec::Pinned(r) => writeln!(out, "{:<12} pinned   {r}", image.name)?,

@@ -1,6 +1,6 @@
-//! Step 1 of the converge on the CLI's side: walk and address every built image and say what the
-//! instance wants as an `UpRequest`. Nothing is sent to Docker; a steady-state converge costs this
-//! walk and one RPC.
+//! Step 1 of the converge on the CLI's side: stage the contexts the manifest says are staged, walk
+//! and address every built image and say what the instance wants as an `UpRequest`. Nothing is
+//! sent to Docker; a steady-state converge costs this walk (and any staging command) and one RPC.
 //!
 //! The CLI computes each content ref, and the coordinator recomputes it from the same inputs
 //! (carried here: the context digest, the Dockerfile path the address hashed and the bytes of a
@@ -9,7 +9,7 @@
 //! one `kiln refs` prints — both come from `Manifest::address`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use kiln_core::digest::{TreeDigest, WalkOptions};
 use kiln_core::manifest::{Addressed, BuiltImage, ImageSpec, Manifest, Target};
@@ -17,6 +17,7 @@ use kiln_proto::v1::{image_spec, target, ImageSpec as WireImage, Target as WireT
 use rayon::prelude::*;
 
 use crate::error::CliError;
+use crate::stage::Staged;
 
 /// What `kiln up` will ask for, and where each context it may have to upload lives.
 #[derive(Clone, Debug)]
@@ -24,6 +25,9 @@ pub struct UpPlan {
     pub request: UpRequest,
     /// By tree digest (64 hex): the coordinator asks for contexts by digest alone.
     pub contexts: BTreeMap<String, ContextSource>,
+    /// The sealed trees of staged images, by image name: a staged context's `dir` lives as long
+    /// as the plan holds it here.
+    pub staged: BTreeMap<String, Staged>,
 }
 
 /// A context directory the CLI can pack on demand.
@@ -38,10 +42,60 @@ pub struct ContextSource {
     pub archive_bytes: u64,
 }
 
-/// Walks every built image's context in parallel, addresses the images in build order (a base's
-/// ref is part of the Dockerfile of an image built FROM it), and builds the request. Brought and
-/// pinned images pass through with their refs (in Docker's familiar form, which normalizes to the
-/// ref as written); nothing about them is checked or touched.
+/// Every built image's context walked: staged first where the manifest says so.
+#[derive(Debug)]
+pub struct Walked {
+    /// By image name.
+    pub contexts: BTreeMap<String, WalkedContext>,
+    /// The sealed trees, by image name; each is removed when the last clone is dropped.
+    pub staged: BTreeMap<String, Staged>,
+}
+
+/// One built image's context, walked.
+#[derive(Clone, Debug)]
+pub struct WalkedContext {
+    /// The directory walked: the image's context folder, or its sealed staged tree.
+    pub dir: PathBuf,
+    pub digest: TreeDigest,
+    pub entries: usize,
+    /// See [`ContextSource::archive_bytes`].
+    pub archive_bytes: u64,
+}
+
+impl Walked {
+    /// The tree digests, by image name, as [`Manifest::address`] takes them.
+    pub fn trees(&self) -> BTreeMap<&str, TreeDigest> {
+        self.contexts.iter().map(|(name, c)| (name.as_str(), c.digest)).collect()
+    }
+}
+
+/// Step 1's first half, shared by `kiln up` and `kiln refs` so they address the same trees:
+/// stages the staged images' contexts (one after another, [`crate::stage`]), then walks every
+/// built image's context in parallel — the sealed tree for a staged one, else its folder, with
+/// the stat cache under `stat_cache` when given.
+pub fn walk_built(manifest: &Manifest, stat_cache: Option<&Path>) -> Result<Walked, CliError> {
+    let staged = crate::stage::stage_all(manifest)?;
+    let built: Vec<(&str, &BuiltImage)> = manifest.built().collect();
+    let contexts = built
+        .par_iter()
+        .map(|&(name, image)| {
+            let (dir, walked) = match staged.get(name) {
+                Some(tree) => (tree.path().to_path_buf(), image.walk_staged(tree.path())),
+                None => (image.context.clone(), image.walk_with(stat_cache)),
+            };
+            let (tree, digest) = walked.map_err(|err| CliError::Address { image: name.to_string(), err })?;
+            let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
+            let walked = WalkedContext { dir, digest, entries: tree.entries.len(), archive_bytes };
+            Ok((name.to_string(), walked))
+        })
+        .collect::<Result<_, CliError>>()?;
+    Ok(Walked { contexts, staged })
+}
+
+/// Stages and walks every built image's context ([`walk_built`]), addresses the images in build
+/// order (a base's ref is part of the Dockerfile of an image built FROM it), and builds the
+/// request. Brought and pinned images pass through with their refs (in Docker's familiar form,
+/// which normalizes to the ref as written); nothing about them is checked or touched.
 ///
 /// The request lists the images in file order, except that the built ones take the built images'
 /// places in build order, so every base comes before the images built FROM it: a coordinator that
@@ -53,23 +107,11 @@ pub fn plan_up(
     manifest: &Manifest,
     force: bool,
     requested_by: &str,
-    stat_cache: Option<&std::path::Path>,
+    stat_cache: Option<&Path>,
 ) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
-    let built: Vec<(&str, &BuiltImage)> = manifest.built().collect();
-    let walked: Vec<(&str, TreeDigest, u64)> = built
-        .par_iter()
-        .map(|&(name, image)| {
-            let (tree, digest) =
-                image.walk_with(stat_cache).map_err(|err| CliError::Address { image: name.to_string(), err })?;
-            let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
-            Ok((name, digest, archive_bytes))
-        })
-        .collect::<Result<_, CliError>>()?;
-    let trees: BTreeMap<&str, TreeDigest> = walked.iter().map(|&(name, digest, _)| (name, digest)).collect();
-    let archive_bytes: BTreeMap<&str, u64> = walked.iter().map(|&(name, _, bytes)| (name, bytes)).collect();
-
-    let mut addressed = manifest.address(&trees)?.into_iter();
+    let walked = walk_built(manifest, stat_cache)?;
+    let mut addressed = manifest.address(&walked.trees())?.into_iter();
     let mut images = Vec::with_capacity(manifest.images.len());
     let mut contexts: BTreeMap<String, ContextSource> = BTreeMap::new();
     for image in &manifest.images {
@@ -82,14 +124,15 @@ pub fn plan_up(
         match &image.spec {
             ImageSpec::Built(_) => {
                 let done = addressed.next().expect("one address per built image");
+                let context = &walked.contexts[done.name];
                 contexts
                     .entry(done.tree.to_string())
                     .and_modify(|known| known.images.push(done.name.to_string()))
                     .or_insert_with(|| ContextSource {
-                        dir: done.image.context.clone(),
+                        dir: context.dir.clone(),
                         walk: done.image.walk_options(),
                         images: vec![done.name.to_string()],
-                        archive_bytes: archive_bytes[done.name],
+                        archive_bytes: context.archive_bytes,
                     });
                 images.push(wire_built(done));
             }
@@ -108,7 +151,7 @@ pub fn plan_up(
         dry_run: false,
         team: manifest.team.clone().unwrap_or_default(),
     };
-    Ok(UpPlan { request, contexts })
+    Ok(UpPlan { request, contexts, staged: walked.staged })
 }
 
 /// A built image's wire spec: what the coordinator recomputes its address from and the agent builds.
@@ -282,6 +325,42 @@ mod tests {
         assert_eq!(api.dockerfile_path, "Dockerfile", "the path its address hashed");
         assert_eq!(api.dockerfile_digest, blake3::hash(sent.as_bytes()).to_hex().to_string());
         assert_eq!(plan.contexts[&api.context_digest].images, ["api"]);
+    }
+
+    #[test]
+    fn a_staged_image_addresses_its_sealed_tree_the_same_from_any_staging_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("api")).unwrap();
+        std::fs::write(tmp.path().join("api/Dockerfile"), "FROM scratch\nCOPY . /app/\n").unwrap();
+        std::fs::write(tmp.path().join("api/source.txt"), "the folder itself is not what is built\n").unwrap();
+        // As a package manager does: the output path recorded in a state file (declared) and in
+        // a config the seal rewrites to the in-image path.
+        let script = "echo app > \"$1/app.txt\"\nprintf 'at %s %s\\n' \"$1\" \"$$\" > \"$1/.state\"\n\
+                      printf '{\"root\":\"%s/lib\"}' \"$1\" > \"$1/config.json\"\n";
+        std::fs::write(tmp.path().join("api/stage.sh"), script).unwrap();
+        let text = "instance = \"shop\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n\
+                    stage = { run = [\"sh\", \"stage.sh\", \"{out}\"], remove = [\".state\"], image_path = \"/app\" }\n";
+        std::fs::write(tmp.path().join("kiln.toml"), text).unwrap();
+        let manifest = Manifest::load(tmp.path()).unwrap();
+
+        let first = plan_up(&manifest, false, "u@h", None).unwrap();
+        let second = plan_up(&manifest, false, "u@h", None).unwrap();
+        let (a, b) = (&first.request.images[0], &second.request.images[0]);
+        assert_eq!(a.reference, b.reference, "one input staged twice is one address");
+        let (dir_a, dir_b) = (&first.contexts[&a.context_digest].dir, &second.contexts[&b.context_digest].dir);
+        assert_ne!(dir_a, dir_b, "two fresh staging directories");
+        assert_eq!(dir_a, first.staged["api"].path(), "the context uploaded is the sealed tree");
+        assert!(!dir_a.join("source.txt").exists() && !dir_a.join(".state").exists());
+        assert_eq!(std::fs::read_to_string(dir_a.join("config.json")).unwrap(), "{\"root\":\"/app/lib\"}");
+
+        // The Dockerfile is the manifest's, travelling beside the tree; the tree has none.
+        assert_eq!((a.dockerfile.as_str(), a.dockerfile_path.as_str()), ("", "Dockerfile"));
+        assert_eq!(a.dockerfile_outside, b"FROM scratch\nCOPY . /app/\n");
+        assert_eq!(first.contexts[&a.context_digest].walk.dockerfile, None);
+
+        let dir = dir_a.clone();
+        drop(first);
+        assert!(!dir.exists(), "a staged tree lives as long as its plan");
     }
 
     #[test]

@@ -123,6 +123,9 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     .map_err(|_| CliError::Panicked { what: "walk" })??;
     plan.request.dry_run = args.dry_run;
     render.addressed(&plan);
+    for (name, staged) in &plan.staged {
+        render.event(&Event::new(EventKind::Note, name, &staged.words())).map_err(CliError::Output)?;
+    }
 
     let outcome = with_coordinator(&args.connect, true, |link| converge(link, &plan, &mut *render)).await;
     render.finish().map_err(CliError::Output)?;

@@ -32,6 +32,10 @@ pub struct RecordedView {
     /// `built`, `brought` or `pinned`.
     pub kind: &'static str,
     pub target: String,
+    /// The `USER` a built image declares, read from its image config when it was built (so a
+    /// deployment can be checked against it without pulling); `None` when it declares none, and
+    /// always for brought and pinned refs, which are never inspected (ADR-0037).
+    pub user: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -100,6 +104,7 @@ impl From<InstanceStatus> for InstanceView {
                 name: i.name,
                 reference: i.reference,
                 target: i.target,
+                user: i.declares_user.then_some(i.user),
             })
             .collect();
         InstanceView { instance: s.instance, generation: s.generation, written_at_ms: s.written_at_ms, images }
@@ -169,7 +174,15 @@ pub fn status_text(view: &StatusView, now_ms: u64) -> String {
             instance.generation,
             age(now_ms, instance.written_at_ms)
         ));
-        let rows = instance.images.iter().map(|i| vec![i.name.clone(), i.kind.to_string(), i.reference.clone()]);
+        let rows = instance.images.iter().map(|i| {
+            // Only a built image was inspected; for a brought or pinned one Kiln knows nothing.
+            let user = match (&i.user, i.kind) {
+                (Some(user), _) => format!("USER {user}"),
+                (None, "built") => "no USER".to_string(),
+                (None, _) => String::new(),
+            };
+            vec![i.name.clone(), i.kind.to_string(), i.reference.clone(), user]
+        });
         out.push_str(&table(rows, "  "));
     }
     if !view.converges.is_empty() {
@@ -329,12 +342,21 @@ mod tests {
                         reference: "hello-web:17eb17246f39-amd64".into(),
                         kind: "built",
                         target: "local".into(),
+                        user: Some("1000:1000".into()),
+                    },
+                    RecordedView {
+                        name: "worker".into(),
+                        reference: "hello-worker:a0c3e1d2f4b5-amd64".into(),
+                        kind: "built",
+                        target: "local".into(),
+                        user: None,
                     },
                     RecordedView {
                         name: "shell".into(),
                         reference: "busybox:1.36".into(),
                         kind: "brought",
                         target: "local".into(),
+                        user: None,
                     },
                 ],
             }],
@@ -361,8 +383,9 @@ mod tests {
         };
         let golden = "\
 hello  generation 3, written 5 min ago
-  web    built    hello-web:17eb17246f39-amd64
-  shell  brought  busybox:1.36
+  web     built    hello-web:17eb17246f39-amd64     USER 1000:1000
+  worker  built    hello-worker:a0c3e1d2f4b5-amd64  no USER
+  shell   brought  busybox:1.36
 
 recent converges
   c-18  hello  failed     1.0 s  ana@box  2 h ago    worker: build failed
@@ -448,5 +471,16 @@ embedded-box  host  docker:box  linux/amd64  0.1.0    yes        2 s ago
             serde_json::to_string(&agent).unwrap(),
             r#"{"id":"x","role":"both","stores":[],"platforms":[],"version":"","connected":true,"last_seen_ms":0}"#
         );
+        let recorded = |user: &str, declares_user| kiln_proto::v1::RecordedImage {
+            name: "web".into(),
+            kind: image_spec::Kind::Built as i32,
+            user: user.into(),
+            declares_user,
+            ..Default::default()
+        };
+        let status = |images| InstanceView::from(InstanceStatus { images, ..Default::default() });
+        let json = serde_json::to_value(status(vec![recorded("1000:1000", true), recorded("", false)])).unwrap();
+        assert_eq!(json["images"][0]["user"], "1000:1000");
+        assert_eq!(json["images"][1]["user"], serde_json::Value::Null, "no USER is null, never \"\"");
     }
 }

@@ -28,6 +28,8 @@ const TAKEOVER: Duration = Duration::from_secs(15);
 struct Coordinator {
     child: Child,
     url: String,
+    /// Its plain-HTTP listener (`--http`): `/readyz` for the kubelet.
+    http: String,
     _data: tempfile::TempDir,
 }
 
@@ -35,16 +37,27 @@ impl Coordinator {
     /// Serves the farm in `database` with a lease of `ttl`; returns at once (it may stand by).
     fn start(database: &str, ttl: &str) -> Coordinator {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let data = tempfile::tempdir().unwrap();
         let child = Command::new(bin("kiln-coordinator"))
             .args(["--dev", "--farm", "failover", "--lease-ttl", ttl, "--affinity-wait", "0"])
             .args(["--state", database, "--data-dir", data.path().to_str().unwrap()])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &http])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        Coordinator { child, url: format!("http://127.0.0.1:{port}"), _data: data }
+        Coordinator { child, url: format!("http://127.0.0.1:{port}"), http, _data: data }
+    }
+
+    /// The status line's code of `GET /readyz` (what the kubelet's readiness probe asks).
+    fn ready(&self) -> u16 {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.http).unwrap();
+        stream.write_all(b"GET /readyz HTTP/1.0\r\nHost: kiln\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        reply.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0)
     }
 
     fn signal(&self, signal: &str) {
@@ -204,6 +217,7 @@ async fn killing_the_active_coordinator_mid_converge_fails_over_and_loses_nothin
 
     // The standby answers, and names the active one: to a probe, and to a user who reached it alone.
     assert_eq!(serving(&b.url).await, Some(false), "the second coordinator stands by");
+    assert_eq!((a.ready(), b.ready()), (200, 503), "readiness: only the active coordinator gets traffic");
     let status = kiln(&b.url, &["status"]).output().unwrap();
     assert!(!status.status.success());
     assert!(
@@ -242,6 +256,7 @@ async fn killing_the_active_coordinator_mid_converge_fails_over_and_loses_nothin
     let killed = Instant::now();
     let took = until_serving(&b.url, TAKEOVER).await;
     eprintln!("standby took over {:?} after the kill", killed.elapsed().max(took));
+    assert_eq!(b.ready(), 200, "the new active coordinator is ready");
 
     // The user of the broken converge is told what happened and what to do.
     let out = converge.wait_with_output().unwrap();

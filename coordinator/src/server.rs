@@ -196,8 +196,7 @@ pub async fn serve(
         crate::trust::Mode::Verified => crate::web::Gate::Tokens(verifier.clone()),
         crate::trust::Mode::Open => crate::web::Gate::Open,
     };
-    let page_activity = activity.clone();
-    let guard = crate::trust::Guard { mode, verifier, activity };
+    let guard = crate::trust::Guard { mode, verifier, activity: activity.clone() };
     let enrollment = crate::trust::enroll::EnrollService {
         store: store.clone(),
         authority: config.tls.as_ref().and_then(|t| t.authority.clone()),
@@ -233,8 +232,8 @@ pub async fn serve(
     });
     let _http = match engine.config.http {
         Some(addr) => {
-            let listening = crate::web::start(addr, engine.clone(), page_gate, page_activity).await;
-            Some(listening.map_err(|err| ServeError::Http { addr, err })?)
+            let pages = crate::web::start(addr, engine.clone(), page_gate, activity.clone()).await;
+            Some(pages.map_err(|err| ServeError::Http { addr, err })?)
         }
         None => None,
     };

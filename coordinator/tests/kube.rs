@@ -2,7 +2,13 @@
 //! machines, so every test here hands `kube` a client over `tower-test`'s mock service and answers
 //! its requests from a named scenario of recorded responses (`tests/fixtures/kube/*.json`),
 //! asserting each request's method, path, query and body on the way.
+//!
+//! The fake server also notes each request as the API server's authorizer would see it (verb,
+//! group, resource), and the last test checks the ClusterRole in `deploy/kubernetes` against what
+//! every scenario here asked for: nothing missing, nothing extra.
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
@@ -43,7 +49,7 @@ impl Exchange {
 }
 
 /// The fake API server's named scenarios.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Scenario {
     /// `kiln up` of `shop` into namespace `shop`: label the namespace, apply `kiln-images`.
     ConfigMapApplied,
@@ -184,6 +190,93 @@ fn decode(raw: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// One request as the API server's authorizer sees it: a verb on a resource of an API group.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Access {
+    /// `""` for the core group (`/api/v1`).
+    group: String,
+    /// The resource's plural, with `/subresource` when the path names one (`pods/log`).
+    resource: String,
+    verb: String,
+}
+
+impl Access {
+    /// The verbs RBAC checks `request` against (Kubernetes' "request attributes"): the HTTP method
+    /// on a collection or an object path, a `watch` query, and one rule of the API server's own —
+    /// a server-side apply (a PATCH of type `apply-patch`) that finds no object creates it, and is
+    /// authorized as `create` too. The fake server cannot know whether the object would exist, and
+    /// the code applies in order to create, so an apply counts as both.
+    fn of(request: &Request<Body>) -> Vec<Access> {
+        let path = request.uri().path();
+        let (group, rest) = if let Some(rest) = path.strip_prefix("/api/v1") {
+            (String::new(), rest)
+        } else if let Some(rest) = path.strip_prefix("/apis/") {
+            let mut parts = rest.splitn(3, '/');
+            let group = parts.next().unwrap_or_default().to_string();
+            let _version = parts.next();
+            (group, parts.next().map_or("", |r| r))
+        } else {
+            panic!("{path}: not a Kubernetes API path");
+        };
+        let segments: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+        // `namespaces/NS/RESOURCE[/NAME[/SUB]]` is namespaced; anything else is `RESOURCE[/NAME[/SUB]]`
+        // (a cluster-scoped resource, a namespace itself, or a list across namespaces).
+        let scoped = match segments.as_slice() {
+            ["namespaces", _namespace, scoped @ ..] if !scoped.is_empty() => scoped,
+            all => all,
+        };
+        let (resource, is_object) = match scoped {
+            [resource] => (resource.to_string(), false),
+            [resource, _name] => (resource.to_string(), true),
+            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            _ => panic!("{path}: no resource in the path"),
+        };
+        let watching =
+            request.uri().query().unwrap_or("").split('&').any(|pair| matches!(pair, "watch=true" | "watch=1"));
+        let is_apply = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/apply-patch"));
+        let verbs: &[&str] = match (request.method().as_str(), is_object) {
+            ("GET", _) if watching => &["watch"],
+            ("GET", true) => &["get"],
+            ("GET", false) => &["list"],
+            ("POST", _) => &["create"],
+            ("PUT", _) => &["update"],
+            ("PATCH", _) if is_apply => &["patch", "create"],
+            ("PATCH", _) => &["patch"],
+            ("DELETE", true) => &["delete"],
+            ("DELETE", false) => &["deletecollection"],
+            (method, _) => panic!("{method} {path}: a method the Kubernetes API does not serve"),
+        };
+        verbs
+            .iter()
+            .map(|verb| Access { group: group.clone(), resource: resource.clone(), verb: verb.to_string() })
+            .collect()
+    }
+}
+
+/// What the fake API servers of one thread served, and in which scenarios.
+#[derive(Default)]
+struct Served {
+    scenarios: BTreeSet<Scenario>,
+    accesses: BTreeSet<Access>,
+}
+
+impl Served {
+    fn note(&mut self, scenario: Scenario, accesses: Vec<Access>) {
+        self.scenarios.insert(scenario);
+        self.accesses.extend(accesses);
+    }
+}
+
+thread_local! {
+    /// Per thread, because every test here runs its fake server on its own thread (`#[tokio::test]`
+    /// is a current-thread runtime): the RBAC check, rerunning the tests one after another on its
+    /// thread, reads what they asked for and nothing from the tests running beside it.
+    static SERVED: RefCell<Served> = RefCell::default();
+}
+
 impl ApiServer {
     /// Serves `scenario`; the handle yields the bodies of the requests that carried one, in order.
     fn run(mut self, scenario: Scenario) -> JoinHandle<Vec<(String, Value)>> {
@@ -195,6 +288,8 @@ impl ApiServer {
                     .unwrap_or_else(|_| panic!("{scenario:?} step {step}: no request came"))
                     .unwrap_or_else(|| panic!("{scenario:?} step {step}: the client went away"));
                 let what = format!("{scenario:?} step {step}: {} {}", request.method(), request.uri());
+                let access = Access::of(&request);
+                SERVED.with(|served| served.borrow_mut().note(scenario, access));
                 assert_eq!(request.method(), expected.method, "{what}");
                 assert_eq!(request.uri().path(), expected.path, "{what}");
                 let query: Vec<(String, String)> = request
@@ -488,4 +583,106 @@ async fn a_real_cluster_round_trip() {
     let roots = gather_roots(&KubeConfig::new(client.clone())).await.unwrap();
     assert!(roots.contains(&"kiln-roundtrip-api:0001".to_string()), "{roots:?}");
     assert_eq!(delete_images(&client, "kiln-roundtrip").await.unwrap(), vec!["kiln-roundtrip".to_string()]);
+}
+
+impl Scenario {
+    const ALL: [Scenario; 7] = [
+        Scenario::ConfigMapApplied,
+        Scenario::RootsOfTwoNamespaces,
+        Scenario::NamespacesForbidden,
+        Scenario::PodsForbidden,
+        Scenario::ShopPods,
+        Scenario::DownDeletesConfigMap,
+        Scenario::UpDownGc,
+    ];
+
+    /// The test that serves this scenario. A new scenario does not compile until it is named
+    /// here (and in `ALL`, above), so the RBAC check below reruns it too.
+    fn test(self) -> fn() {
+        match self {
+            Scenario::ConfigMapApplied => the_configmap_write_applies_the_instance_images_and_labels,
+            Scenario::RootsOfTwoNamespaces => roots_come_from_configmaps_custom_resources_and_pods,
+            Scenario::NamespacesForbidden => a_forbidden_namespace_list_fails_the_roots,
+            Scenario::PodsForbidden => unreadable_pods_fail_the_roots_naming_the_namespace,
+            Scenario::ShopPods => workloads_on_older_refs_are_reported_not_touched,
+            Scenario::DownDeletesConfigMap => down_deletes_the_instance_configmap,
+            Scenario::UpDownGc => a_served_converge_publishes_reports_and_down_unpublishes,
+        }
+    }
+}
+
+/// The role the deploy files bind to the coordinator's service account.
+const CLUSTER_ROLE: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/base/coordinator-clusterrole.yaml");
+
+/// Every (group, resource, verb) `path`'s ClusterRole grants, refusing what this check cannot
+/// compare: wildcards, rules narrowed to object names, non-resource URLs.
+fn granted_by(path: &str) -> BTreeSet<Access> {
+    use k8s_openapi::api::rbac::v1::ClusterRole;
+    let text = std::fs::read_to_string(path).unwrap_or_else(|err| panic!("{path}: {err}"));
+    let role: ClusterRole = serde_saphyr::from_str(&text).unwrap_or_else(|err| panic!("{path}: {err}"));
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.unwrap_or_default() {
+        assert!(
+            rule.resource_names.is_none() && rule.non_resource_urls.is_none(),
+            "{path}: a rule with resourceNames or nonResourceURLs — the check compares whole resources"
+        );
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    assert!(
+                        [group, resource, verb].iter().all(|part| part.as_str() != "*"),
+                        "{path}: a wildcard grants what no test can list"
+                    );
+                    granted.insert(Access { group: group.clone(), resource: resource.clone(), verb: verb.clone() });
+                }
+            }
+        }
+    }
+    granted
+}
+
+fn listed(accesses: &BTreeSet<Access>) -> String {
+    let lines: Vec<String> = accesses
+        .iter()
+        .map(|a| {
+            format!(
+                "  {} on {}{}",
+                a.verb,
+                a.resource,
+                if a.group.is_empty() { String::new() } else { format!(".{}", a.group) }
+            )
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// Fake API server (none can run here): every scenario above is served again, noting each
+/// request as the authorizer sees it, and the ClusterRole in deploy/kubernetes must grant exactly
+/// that. A missing grant would fail the first converge or sweep in a real cluster; an extra one
+/// is a permission no code of Kiln's uses. Custom resources are the operator's to grant for each
+/// `--custom-resource` they pass (deploy/README.md says `list`): only that verb is checked.
+#[test]
+fn the_deployed_cluster_role_grants_exactly_what_the_coordinator_asks_for() {
+    for scenario in Scenario::ALL {
+        scenario.test()();
+    }
+    let served = SERVED.with(|served| std::mem::take(&mut *served.borrow_mut()));
+    assert_eq!(served.scenarios, BTreeSet::from(Scenario::ALL), "each test serves the scenario it is named for");
+
+    let custom = sandboxes();
+    let (custom_uses, uses): (BTreeSet<Access>, BTreeSet<Access>) =
+        served.accesses.into_iter().partition(|a| a.group == custom.group && a.resource == custom.plural);
+    let custom_verbs: Vec<&str> = custom_uses.iter().map(|a| a.verb.as_str()).collect();
+    assert_eq!(custom_verbs, ["list"], "deploy/README.md tells operators to grant `list` on each --custom-resource");
+
+    let granted = granted_by(CLUSTER_ROLE);
+    let missing: BTreeSet<Access> = uses.difference(&granted).cloned().collect();
+    let unused: BTreeSet<Access> = granted.difference(&uses).cloned().collect();
+    assert!(
+        missing.is_empty() && unused.is_empty(),
+        "{CLUSTER_ROLE} must grant exactly what the coordinator asks for.\nused, not granted:\n{}\ngranted, never used:\n{}",
+        listed(&missing),
+        listed(&unused)
+    );
 }

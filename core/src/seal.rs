@@ -7,7 +7,9 @@
 //! current" stops being true. The seal deletes the declared where-and-when files, rewrites the staging
 //! path — in every spelling it has, as given and as resolved — to the path the tree will have inside
 //! the image, refuses a symlink that names the staging path, and fails loudly on a non-UTF-8 file that
-//! holds it: rewriting bytes it cannot read as text would be a blind guess. Nothing else is excluded
+//! holds it: rewriting bytes it cannot read as text would be a blind guess. When no in-image path is
+//! declared, a text file holding the staging path is refused too, for the same reason: any path put
+//! in its place would be a guess at where the Dockerfile copies the tree. Nothing else is excluded
 //! from the hash, so a staging step that starts varying again re-tags in the open.
 
 use crate::ignore::DockerIgnore;
@@ -25,8 +27,9 @@ pub struct SealSpec {
     /// Where-and-when files to delete, as `.dockerignore`-style patterns relative to the staged root
     /// (e.g. `node_modules/.modules.yaml`, `**/.bin`).
     pub delete: Vec<String>,
-    /// The path the staged tree has inside the image; the staging path is rewritten to it.
-    pub in_image_path: String,
+    /// The path the staged tree has inside the image; the staging path is rewritten to it. `None`:
+    /// nobody said where the tree lands, so a file holding the staging path is refused instead.
+    pub in_image_path: Option<String>,
 }
 
 /// What [`seal`] changed, for the converge's log.
@@ -49,6 +52,8 @@ pub enum SealError {
     SymlinkNamesStaging { root: PathBuf, path: String, target: String },
     #[error("seal of {root}: {path} holds the staging path {staging} but is not UTF-8 text, so it cannot be rewritten safely — declare it as a where-and-when file to delete, or stage without absolute paths")]
     NonUtf8 { root: PathBuf, path: String, staging: String },
+    #[error("seal of {root}: {path} holds the staging path {staging} — list it among the where-and-when files to delete, or declare the path the tree has in the image so the seal rewrites it there")]
+    HoldsStaging { root: PathBuf, path: String, staging: String },
     #[error("seal of {root}: a delete pattern is invalid")]
     Pattern {
         root: PathBuf,
@@ -103,7 +108,7 @@ pub fn seal(root: &Path, spec: &SealSpec) -> Result<SealReport, SealError> {
                 }
             } else if meta.is_dir() {
                 stack.push(path);
-            } else if meta.is_file() && rewrite_file(root, &path, &rel, &spellings, &spec.in_image_path)? {
+            } else if meta.is_file() && rewrite_file(root, &path, &rel, &spellings, spec.in_image_path.as_deref())? {
                 report.rewritten.push(rel);
             }
         }
@@ -114,7 +119,13 @@ pub fn seal(root: &Path, spec: &SealSpec) -> Result<SealReport, SealError> {
 }
 
 /// Rewrites every spelling of the staging path in one file; true when the file changed.
-fn rewrite_file(root: &Path, path: &Path, rel: &str, spellings: &[Vec<u8>], to: &str) -> Result<bool, SealError> {
+fn rewrite_file(
+    root: &Path,
+    path: &Path,
+    rel: &str,
+    spellings: &[Vec<u8>],
+    to: Option<&str>,
+) -> Result<bool, SealError> {
     let io_err = |err| SealError::Io { root: root.to_path_buf(), path: rel.to_string(), err };
     let bytes = fs::read(path).map_err(io_err)?;
     let Some(found) = spellings.iter().find(|s| contains(&bytes, s)) else {
@@ -122,6 +133,13 @@ fn rewrite_file(root: &Path, path: &Path, rel: &str, spellings: &[Vec<u8>], to: 
     };
     let Ok(mut text) = String::from_utf8(bytes) else {
         return Err(SealError::NonUtf8 {
+            root: root.to_path_buf(),
+            path: rel.to_string(),
+            staging: String::from_utf8_lossy(found).into_owned(),
+        });
+    };
+    let Some(to) = to else {
+        return Err(SealError::HoldsStaging {
             root: root.to_path_buf(),
             path: rel.to_string(),
             staging: String::from_utf8_lossy(found).into_owned(),

@@ -196,7 +196,7 @@ contxt = "api"
     assert_eq!(err.line, Some(7));
     let want = format!(
         "{}:7: unknown key \"contxt\" in [built.api] — expected one of context, dockerfile, args, target, shared, \
-         repository",
+         repository, stage",
         dir.path().join("kiln.toml").display()
     );
     assert_eq!(err.to_string(), want);

@@ -26,7 +26,7 @@ fn spec(staging: &Path) -> SealSpec {
     SealSpec {
         staging_path: staging.to_path_buf(),
         delete: vec!["**/.bin".into(), "node_modules/.modules.yaml".into()],
-        in_image_path: "/srv/app".into(),
+        in_image_path: Some("/srv/app".into()),
     }
 }
 
@@ -92,4 +92,15 @@ fn files_without_the_staging_path_are_untouched() {
     fs::write(a.path().join("plain.txt"), "nothing to see").unwrap();
     let report = seal(a.path(), &spec(a.path())).unwrap();
     assert!(report.rewritten.is_empty() && report.deleted.is_empty());
+}
+
+#[test]
+fn without_an_in_image_path_a_text_file_holding_the_staging_path_is_refused_and_left_alone() {
+    let a = TempDir::new().unwrap();
+    stage(a.path(), a.path(), 1);
+    let before = fs::read(a.path().join("config.json")).unwrap();
+    let err = seal(a.path(), &SealSpec { in_image_path: None, ..spec(a.path()) }).unwrap_err();
+    assert!(matches!(err, SealError::HoldsStaging { ref path, .. } if path == "config.json"), "{err}");
+    assert!(err.to_string().contains("declare the path the tree has in the image"), "{err}");
+    assert_eq!(fs::read(a.path().join("config.json")).unwrap(), before, "nothing is guessed");
 }

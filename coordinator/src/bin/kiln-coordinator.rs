@@ -178,7 +178,7 @@ struct ServeArgs {
     advertise: Option<String>,
     /// How long the farm's lease lives without renewal (PostgreSQL state): how long a dead active
     /// coordinator keeps the farm waiting before a standby takes over. Renewed every third of it.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, env = "KILN_LEASE_TTL")]
+    #[arg(long, default_value = "6s", value_parser = parse_duration, env = "KILN_LEASE_TTL")]
     lease_ttl: Duration,
     /// Serve the status page (`/`) and `/metrics` (Prometheus) over plain HTTP on this address,
     /// e.g. `127.0.0.1:7071`. Off unless given. With TLS the page asks for a user token at

@@ -47,12 +47,14 @@ pub struct LeasePolicy {
 }
 
 impl Default for LeasePolicy {
-    /// A standby takes over within `ttl + poll_every` = 11 s of the active coordinator's death.
+    /// A standby takes over within `ttl + poll_every` ≈ 6.6 s of the active coordinator's death
+    /// (the goal: a median under 8 s to the first successful converge); the holder
+    /// renews every 2 s, so a database that stalls for up to 4 s costs no failover.
     fn default() -> LeasePolicy {
         LeasePolicy {
-            ttl: Duration::from_secs(10),
-            renew_every: Duration::from_secs(3),
-            poll_every: Duration::from_secs(1),
+            ttl: Duration::from_secs(6),
+            renew_every: Duration::from_secs(2),
+            poll_every: Duration::from_millis(600),
         }
     }
 }

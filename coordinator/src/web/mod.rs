@@ -9,6 +9,7 @@
 //!   opened with a user token (`auth`); with `--dev` they are open, as its gRPC API is.
 //! - `/metrics` — open: Prometheus scrapes without credentials. It names owners and stores, so
 //!   bind `--http` to loopback or an operator's network, as the deploy files do.
+//! - `/healthz`, `/readyz` — open, for probes: alive, and active (a standby is not ready).
 
 mod auth;
 mod log;
@@ -81,9 +82,10 @@ pub(crate) async fn start(
 ) -> std::io::Result<Listening> {
     let listener = TcpListener::bind(addr).await?;
     let open = matches!(gate, Gate::Open);
-    tracing::info!(addr = %listener.local_addr()?, login = !open, "serving the status page and /metrics");
+    tracing::info!(addr = %listener.local_addr()?, login = !open, "serving the status page, /metrics, /healthz and /readyz");
+    let probes = probes(activity.clone());
     let web = Arc::new(Web { engine, auth: auth::Auth::new(gate), known: Default::default(), activity });
-    Ok(Listening(tokio::spawn(serve(listener, router(web)))))
+    Ok(Listening(tokio::spawn(serve(listener, router(web).merge(probes)))))
 }
 
 fn router(web: Arc<Web>) -> Router {
@@ -98,6 +100,25 @@ fn router(web: Arc<Web>) -> Router {
         // After the layers: Prometheus needs no session, and its text needs no page headers.
         .route("/metrics", get(metrics))
         .with_state(web)
+}
+
+/// Probes for process managers that cannot speak gRPC over TLS (the kubelet's `grpc:` probe is
+/// plaintext only): `/healthz` answers while the process serves; `/readyz` only while this
+/// coordinator is the farm's active one — a standby is alive but must get no traffic.
+fn probes(activity: watch::Receiver<Activity>) -> Router {
+    Router::new().route("/healthz", get(|| async { "ok\n" })).route("/readyz", get(ready)).with_state(activity)
+}
+
+async fn ready(State(activity): State<watch::Receiver<Activity>>) -> impl IntoResponse {
+    match &*activity.borrow() {
+        Activity::Active => (StatusCode::OK, "active\n".to_string()),
+        Activity::Standby { active: Some(addr) } => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("standing by; the active coordinator is at {addr}\n"))
+        }
+        Activity::Standby { active: None } => {
+            (StatusCode::SERVICE_UNAVAILABLE, "standing by; no coordinator holds the farm's lease yet\n".to_string())
+        }
+    }
 }
 
 async fn metrics(State(web): State<Arc<Web>>, headers: HeaderMap) -> impl IntoResponse {

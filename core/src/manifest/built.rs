@@ -1,5 +1,5 @@
 //! Resolving one `[built.<name>]` table: its context, its Dockerfile (inside the context or not),
-//! its build args, stage and repository.
+//! its build args, target stage, repository and staging command.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -11,6 +11,7 @@ use super::error::{ManifestError, Problem};
 use super::raw::RawBuilt;
 use super::resolve::Ctx;
 use super::root::Root;
+use super::stage::resolve_stage;
 use super::{BuiltImage, DockerfileLoc, Target};
 use crate::refs;
 
@@ -81,9 +82,11 @@ pub(super) fn resolve_built(
     };
     check_repository(target, &repository, name).map_err(|problem| ctx.at(repo_span, problem))?;
 
+    let staged = raw.stage.map(|raw| resolve_stage(ctx, name, raw)).transpose()?;
+
     // Its bases are read once every image is known (`from::resolve_bases`).
     let shared = raw.shared.unwrap_or(false);
-    Ok(BuiltImage { context, dockerfile, args, target: stage, shared, repository, from: Vec::new() })
+    Ok(BuiltImage { context, dockerfile, args, target: stage, shared, repository, from: Vec::new(), stage: staged })
 }
 
 /// A repository must be a bare path (the target adds the registry) and stay a valid name once

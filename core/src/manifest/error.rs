@@ -173,6 +173,30 @@ pub enum Problem {
         #[source]
         err: std::io::Error,
     },
+    #[error(
+        "built image {image:?}: stage must be a table, e.g. stage = {{ run = [\"pnpm\", \"deploy\", \"--filter\", \
+         \"api\", \"{{out}}\"], remove = [\"node_modules/.modules.yaml\"] }}"
+    )]
+    StageNotTable { image: String },
+    #[error("built image {image:?}: stage.{key} must be {want}")]
+    StageType { image: String, key: &'static str, want: &'static str },
+    #[error(
+        "built image {image:?}: stage needs a command: run = [\"<program>\", \"<arg>\", …, \"{{out}}\"], which writes \
+         the staged context into the fresh directory {{out}}"
+    )]
+    StageNoRun { image: String },
+    #[error(
+        "built image {image:?}: stage.run never names {{out}} — pass the command the fresh directory it must write \
+         the staged context to, e.g. [\"pnpm\", \"deploy\", \"--filter\", \"api\", \"{{out}}\"]"
+    )]
+    StageNoOut { image: String },
+    #[error("built image {image:?}: stage.remove pattern {pattern:?} cannot be used: {why}")]
+    StagePattern { image: String, pattern: String, why: String },
+    #[error(
+        "built image {image:?}: stage.image_path {given:?} must be an absolute path without empty, . or .. parts, \
+         e.g. image_path = \"/app\" (where the Dockerfile copies the staged tree)"
+    )]
+    StageImagePath { image: String, given: String },
     /// Built images whose Dockerfiles build FROM each other in a loop: `cycle` is `a, b, a` (an
     /// image FROM itself is `a, a`), `steps` says where each Dockerfile names the next.
     #[error("{}", from_cycle(cycle, steps))]

@@ -59,8 +59,8 @@ pub struct Base {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BuiltDockerfile {
     /// The bytes that travel beside the context archive (`ImageSpec.dockerfile_outside`) and enter
-    /// the address: a Dockerfile outside the context, or any Dockerfile once its bases are
-    /// rewritten. `None`: the build reads the Dockerfile inside the context as it is, which the tree
+    /// the address: a Dockerfile outside the context, a staged image's, or any Dockerfile once its
+    /// bases are rewritten. `None`: the build reads the Dockerfile inside the context as it is, which the tree
     /// digest already covers.
     pub sent: Option<Vec<u8>>,
     /// blake3 (64 hex) of the bytes built, so a converge can tell "Dockerfile changed" apart from
@@ -96,7 +96,10 @@ impl BuiltImage {
         let path = self.dockerfile_file();
         let bytes = std::fs::read(&path).map_err(|err| AddressError::Dockerfile { path: path.clone(), err })?;
         let sent = if self.from.is_empty() {
-            matches!(self.dockerfile, DockerfileLoc::Outside { .. }).then(|| bytes.clone())
+            // A staged tree is written by a command, not by the manifest's author: the Dockerfile
+            // read here, not any copy the command made, is the one built and addressed.
+            let travels = matches!(self.dockerfile, DockerfileLoc::Outside { .. }) || self.stage.is_some();
+            travels.then(|| bytes.clone())
         } else {
             // It named these bases when the manifest loaded; if it no longer does, the file was
             // edited in between, and rewriting what is there now could drop a base silently.

@@ -38,6 +38,9 @@
 //!                                   # (kiln.dev/kind=shared, no instance label)
 //! repository = "shop-api"           # optional: default "<instance>-<name>"; the target's registry
 //!                                   # is prepended
+//! stage = { run = ["pnpm", "deploy", "--filter", "api", "{out}"], remove = ["node_modules/.modules.yaml"] }
+//!                                   # optional: the context is what this command writes into the
+//!                                   # fresh directory {out} (run in `context`), sealed; see `Stage`
 //!
 //! [brought.db]                      # an image the user owns: never built, labeled or swept
 //! ref = "postgres:16"
@@ -79,6 +82,7 @@ mod from;
 mod raw;
 mod resolve;
 mod root;
+mod stage;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -88,6 +92,7 @@ pub use address::{Addressed, ImageAddressError};
 pub use error::{Escape, ManifestError, Problem};
 pub use from::{Base, BuiltDockerfile};
 pub use root::RootOrigin;
+pub use stage::{Stage, OUT as STAGE_OUT};
 
 use crate::digest::{digest_dir, DigestError, Tree, TreeDigest, WalkOptions};
 use crate::refs::{AddressInputs, ContentTagError, ImageRef, PlatformSet};
@@ -241,6 +246,10 @@ pub struct BuiltImage {
     /// The built images of this manifest its Dockerfile builds `FROM`, as it names them (module
     /// docs, "Bases"); empty for most images.
     pub from: Vec<Base>,
+    /// A staged context: the tree this command writes, sealed, is what is hashed and built in
+    /// place of `context`, which is only where the command runs and the Dockerfile's default
+    /// folder.
+    pub stage: Option<Stage>,
 }
 
 impl BuiltImage {
@@ -264,11 +273,12 @@ impl BuiltImage {
         }
     }
 
-    /// The walk options of this image's context: a Dockerfile inside it is always part of it.
+    /// The walk options of this image's context: a Dockerfile inside it is always part of it. A
+    /// staged tree holds no Dockerfile of the manifest's: its Dockerfile travels beside it.
     pub fn walk_options(&self) -> WalkOptions {
         match &self.dockerfile {
-            DockerfileLoc::Inside { rel } => WalkOptions { dockerfile: Some(rel.clone()) },
-            DockerfileLoc::Outside { .. } => WalkOptions { dockerfile: None },
+            DockerfileLoc::Inside { rel } if self.stage.is_none() => WalkOptions { dockerfile: Some(rel.clone()) },
+            _ => WalkOptions { dockerfile: None },
         }
     }
 
@@ -278,8 +288,12 @@ impl BuiltImage {
     }
 
     /// [`BuiltImage::walk`], taking unchanged files' hashes from the stat cache kept under
-    /// `stat_cache` (a directory; one file per context) when given.
+    /// `stat_cache` (a directory; one file per context) when given. A staged image is refused:
+    /// its context folder is not what it builds (see [`BuiltImage::walk_staged`]).
     pub fn walk_with(&self, stat_cache: Option<&Path>) -> Result<(Tree, TreeDigest), AddressError> {
+        if let Some(stage) = &self.stage {
+            return Err(AddressError::NotStaged { command: stage.command_line() });
+        }
         match stat_cache {
             Some(dir) => {
                 let file = crate::digest::cache_file_for(dir, &self.context);
@@ -288,6 +302,13 @@ impl BuiltImage {
             }
             None => Ok(digest_dir(&self.context, &self.walk_options())?),
         }
+    }
+
+    /// Walks `staged`, the sealed tree this image's staging command wrote, in place of its
+    /// context. No stat cache: every staging writes a fresh directory, so a cache could never hit
+    /// and one would be left behind per run.
+    pub fn walk_staged(&self, staged: &Path) -> Result<(Tree, TreeDigest), AddressError> {
+        Ok(digest_dir(staged, &self.walk_options())?)
     }
 }
 
@@ -308,6 +329,8 @@ pub enum AddressError {
     BaseUnaddressed { base: String },
     #[error("its context was not walked")]
     NotWalked,
+    #[error("its context is staged by `{command}`, which must run first — kiln up and kiln refs run it")]
+    NotStaged { command: String },
     #[error(transparent)]
     ContentTag(#[from] ContentTagError),
 }

@@ -15,7 +15,8 @@ use super::error::Problem;
 
 pub(super) const TOP_KEYS: &[&str] = &["instance", "team", "platforms", "target", "built", "brought", "pinned", "root"];
 pub(super) const TARGET_KEYS: &[&str] = &["kind", "registry", "cluster", "namespace", "mirror_registry"];
-pub(super) const BUILT_KEYS: &[&str] = &["context", "dockerfile", "args", "target", "shared", "repository"];
+pub(super) const BUILT_KEYS: &[&str] = &["context", "dockerfile", "args", "target", "shared", "repository", "stage"];
+pub(super) const STAGE_KEYS: &[&str] = &["run", "remove", "image_path"];
 pub(super) const REF_KEYS: &[&str] = &["ref"];
 
 #[derive(Debug, Deserialize)]
@@ -53,6 +54,17 @@ pub(super) struct RawBuilt {
     pub target: Option<Spanned<String>>,
     pub shared: Option<bool>,
     pub repository: Option<Spanned<String>>,
+    pub stage: Option<Spanned<RawStage>>,
+}
+
+/// `stage = { run = […], remove = […], image_path = "…" }`; its shape is checked first
+/// (`stage::check_shape`), so serde only meets the right types.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStage {
+    pub run: Option<Spanned<Vec<Spanned<String>>>>,
+    pub remove: Option<Spanned<Vec<Spanned<String>>>>,
+    pub image_path: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,8 +92,8 @@ pub(super) fn parse(text: &str) -> Result<RawManifest, (Option<Range<usize>>, Bo
     RawManifest::deserialize(toml::de::Deserializer::from(document)).map_err(toml_error)
 }
 
-/// Reports the unknown key that comes first in the file (the document's maps are sorted by key,
-/// not by position).
+/// Reports the unknown key (or `stage` of the wrong shape) that comes first in the file (the
+/// document's maps are sorted by key, not by position).
 fn check_keys(root: &DeTable<'_>) -> Result<(), (Option<Range<usize>>, Box<Problem>)> {
     let mut unknown = Vec::new();
     check_table(root, "at the top level", TOP_KEYS, &mut unknown);
@@ -97,6 +109,10 @@ fn check_keys(root: &DeTable<'_>) -> Result<(), (Option<Range<usize>>, Box<Probl
                     if let Some(entry) = entry.get_ref().as_table() {
                         let section = format!("in {}", section(kind, name.get_ref()));
                         check_table(entry, &section, expected, &mut unknown);
+                        let stage = entry.iter().find(|(key, _)| kind == "built" && key.get_ref() == "stage");
+                        if let Some((_, stage)) = stage {
+                            super::stage::check_shape(name.get_ref(), stage, &mut unknown);
+                        }
                     }
                 }
             }

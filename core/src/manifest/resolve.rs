@@ -58,7 +58,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
 
     let mut entries: Vec<(&'static str, Spanned<String>, Range<usize>, Body)> = Vec::new();
     for (name, built) in raw.built {
-        entries.push(("built", name, built.span(), Body::Built(built.into_inner())));
+        entries.push(("built", name, built.span(), Body::Built(Box::new(built.into_inner()))));
     }
     for (name, brought) in raw.brought {
         entries.push(("brought", name, brought.span(), Body::Ref(brought.into_inner())));
@@ -86,7 +86,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         }
         let spec = match body {
             Body::Built(built) => {
-                ImageSpec::Built(resolve_built(&ctx, &root, &instance, &target, &name, span.clone(), built)?)
+                ImageSpec::Built(resolve_built(&ctx, &root, &instance, &target, &name, span.clone(), *built)?)
             }
             Body::Ref(r) if kind == "brought" => ImageSpec::Brought(resolve_ref(&ctx, kind, &name, span.clone(), r)?),
             Body::Ref(r) => ImageSpec::Pinned(resolve_ref(&ctx, kind, &name, span.clone(), r)?),
@@ -110,7 +110,8 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
 }
 
 enum Body {
-    Built(RawBuilt),
+    /// Boxed: a built table is many times the size of a ref.
+    Built(Box<RawBuilt>),
     Ref(RawRef),
 }
 

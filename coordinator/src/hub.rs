@@ -118,8 +118,13 @@ impl AgentConn {
             stores: self.stores().iter().map(|s| s.id.clone()).collect(),
             platforms: self.platforms.clone(),
             version: self.version.clone(),
-            last_seen_ms: now_ms(),
+            last_seen_ms: self.last_seen_ms(),
         }
+    }
+
+    /// When the agent's last message (a heartbeat, progress, an answer) arrived.
+    pub fn last_seen_ms(&self) -> u64 {
+        self.last_seen_ms.load(Ordering::Relaxed)
     }
 
     /// Whether the agent's last listing, or a build since, showed `reference`.
@@ -288,9 +293,11 @@ impl Hub {
         self.changed.notify_waiters();
     }
 
-    fn unregister(&self, conn: &Arc<AgentConn>) {
+    /// Drops `conn`; true when it was the agent's current stream (not one a newer stream replaced).
+    fn unregister(&self, conn: &Arc<AgentConn>) -> bool {
         let mut agents = self.agents.lock().unwrap();
-        if agents.get(&conn.id).is_some_and(|current| Arc::ptr_eq(current, conn)) {
+        let current = agents.get(&conn.id).is_some_and(|current| Arc::ptr_eq(current, conn));
+        if current {
             agents.remove(&conn.id);
         }
         drop(agents);
@@ -298,6 +305,7 @@ impl Hub {
         conn.pending.lock().unwrap().clear();
         self.schedule.left(conn);
         self.changed.notify_waiters();
+        current
     }
 }
 
@@ -535,7 +543,13 @@ impl pb::agent_hub_server::AgentHub for HubService {
                     }
                 }
             }
-            hub.unregister(&conn);
+            // The row keeps when the agent was last heard from, so `kiln agents` and the status
+            // page say when a gone agent went; a stream a newer one replaced leaves the row alone.
+            if hub.unregister(&conn) {
+                if let Err(err) = hub.store.upsert_agent(conn.row()).await {
+                    tracing::warn!(agent = %conn.id, error = %err, "could not record agent");
+                }
+            }
             tracing::info!(agent = %conn.id, "agent disconnected");
         });
         Ok(Response::new(ReceiverStream::new(rx)))

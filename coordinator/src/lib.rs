@@ -13,7 +13,8 @@
 //! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
 //! - `sweep` — reachability garbage collection: list the stores, gather the roots, plan with
 //!   `kiln_core::sweep::plan`, remove through the agents, confirm by listing again.
-//! - [`metrics`] — the Prometheus instruments, served by `web` at `/metrics` (`--http`).
+//! - [`metrics`] — the Prometheus instruments, served by `web` at `/metrics` (`--http`), beside
+//!   the read-only status page at `/` (behind a token login when the coordinator serves TLS).
 //! - [`kube`] — the cluster, when one is configured: the `kiln-images` ConfigMap, Kubernetes roots,
 //!   and the report of workloads on older refs.
 

@@ -190,6 +190,12 @@ pub async fn serve(
         .with_upload_limit(config.max_upload_bytes);
     let verifier = Arc::new(crate::trust::Verifier::new(store.clone()));
     let mode = if config.tls.is_some() { crate::trust::Mode::Verified } else { crate::trust::Mode::Open };
+    // The status page checks its sessions' tokens through the guard's verifier: one cache, so a
+    // revocation reaches the page and the API alike.
+    let page_gate = match mode {
+        crate::trust::Mode::Verified => crate::web::Gate::Tokens(verifier.clone()),
+        crate::trust::Mode::Open => crate::web::Gate::Open,
+    };
     let guard = crate::trust::Guard { mode, verifier, activity: activity.clone() };
     let enrollment = crate::trust::enroll::EnrollService {
         store: store.clone(),
@@ -226,7 +232,7 @@ pub async fn serve(
     });
     let _http = match engine.config.http {
         Some(addr) => {
-            let pages = crate::web::start(addr, engine.clone(), activity.clone()).await;
+            let pages = crate::web::start(addr, engine.clone(), page_gate, activity.clone()).await;
             Some(pages.map_err(|err| ServeError::Http { addr, err })?)
         }
         None => None,

@@ -21,6 +21,8 @@ pub struct TrustedFarm {
     pub ca_pem: String,
     pub fingerprint: String,
     pub store: SqliteStore,
+    /// [`TrustedFarm::start_observed`]: where `--http` serves the status page and `/metrics`.
+    pub http: Option<std::net::SocketAddr>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -33,6 +35,16 @@ impl std::fmt::Debug for TrustedFarm {
 
 impl TrustedFarm {
     pub async fn start(state: &Path) -> TrustedFarm {
+        TrustedFarm::start_with(state, None).await
+    }
+
+    /// A TLS coordinator that also serves `--http` (the status page, behind its login) on a free
+    /// loopback port.
+    pub async fn start_observed(state: &Path) -> TrustedFarm {
+        TrustedFarm::start_with(state, Some(crate::free_addr())).await
+    }
+
+    async fn start_with(state: &Path, http: Option<std::net::SocketAddr>) -> TrustedFarm {
         let farm = format!("trust-{:08x}", fastrand::u32(..));
         let files = pki::TlsFiles::in_state(state);
         let fingerprint = pki::init(&files, &farm, &["localhost".into(), "127.0.0.1".into()]).unwrap();
@@ -45,6 +57,7 @@ impl TrustedFarm {
         };
         let mut config = kiln_coordinator::Config::new(state, farm.clone());
         config.tls = Some(tls);
+        config.http = http;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -64,6 +77,7 @@ impl TrustedFarm {
             ca_pem: read(files.ca_cert()),
             fingerprint,
             store,
+            http,
             stop: Some(stop),
             task: Some(task),
         }

@@ -180,8 +180,9 @@ struct ServeArgs {
     /// coordinator keeps the farm waiting before a standby takes over. Renewed every third of it.
     #[arg(long, default_value = "6s", value_parser = parse_duration, env = "KILN_LEASE_TTL")]
     lease_ttl: Duration,
-    /// Serve `/metrics` (Prometheus) over plain HTTP on this address, e.g. `127.0.0.1:7071`. Off
-    /// unless given; unauthenticated, so bind it where only the scraper reaches.
+    /// Serve the status page (`/`) and `/metrics` (Prometheus) over plain HTTP on this address,
+    /// e.g. `127.0.0.1:7071`. Off unless given. With TLS the page asks for a user token at
+    /// `/login`; `/metrics` is unauthenticated. Plain HTTP: bind loopback or put a TLS proxy in front.
     #[arg(long, value_name = "ADDR", env = "KILN_HTTP")]
     http: Option<std::net::SocketAddr>,
 }

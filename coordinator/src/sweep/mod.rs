@@ -14,6 +14,7 @@
 //! container a host agent reaches. All are listed and swept through the same tasks, addressed by
 //! store id, and the planner gives node stores the grace generation and CRI's whole-id rule.
 
+mod ledger;
 mod report;
 mod roots;
 
@@ -31,6 +32,7 @@ use crate::events::Events;
 use crate::hub::AgentConn;
 use crate::model::{ConvergeId, EventKind};
 use crate::state::StateError;
+pub(crate) use ledger::Ledger;
 use report::{confirm, owner, restrict, target_text, Confirmed};
 
 /// What a sweep is asked to do besides the default (remove, report only the total).
@@ -91,18 +93,33 @@ struct Read {
     removes_whole_ids: bool,
 }
 
-/// Runs one sweep for the converge (or gc, or down) `converge`, narrating through `events`.
-pub(crate) async fn sweep(
+/// A sweep's plan before anything is removed: what each store holds, the roots read after the
+/// listings, and what the planner would remove. The sweep acts on it; the status page's byte
+/// ledger only shows it.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    /// The stores listed, with workloads, in agent then store order.
+    pub listings: Vec<StoreListing>,
+    pub plan: Plan,
+    /// Image id → owner (instance, `shared` or `unowned`), over every listing.
+    pub owners: HashMap<String, String>,
+    pub records: Vec<(crate::model::Record, Option<crate::model::Record>)>,
+    /// Stores that cannot be swept now, and why (a sentence that follows "store X not swept: ").
+    pub skipped: Vec<(StoreId, String)>,
+    /// Each store listed, by id, with the agent that holds it.
+    by_store: HashMap<StoreId, Held>,
+}
+
+/// Lists every store, *then* reads the roots (see the module's note on order), and plans. Tasks
+/// carry `converge` (empty for a look that belongs to no converge, as the page's).
+pub(crate) async fn plan_sweep(
     engine: &Engine,
     converge: &ConvergeId,
     options: &SweepOptions,
-    events: &Events,
-) -> Result<SweepTotals, SweepError> {
-    let mut totals = SweepTotals::default();
+) -> Result<Planned, SweepError> {
     let held = held_stores(&engine.hub.connected());
     let reads = list_all(&held, converge, true, true).await;
 
-    // Roots only now: see the module's note on order.
     let roots_err = |what| move |err| SweepError::Roots { what, err };
     let records = engine.store.records().await.map_err(roots_err("records"))?;
     let claims = engine.store.live_claims(now_ms()).await.map_err(roots_err("claims"))?;
@@ -115,22 +132,17 @@ pub(crate) async fn sweep(
     let mut listings = Vec::new();
     let mut workloads = BTreeMap::new();
     let mut by_store: HashMap<StoreId, Held> = HashMap::new();
+    let mut skipped = Vec::new();
     for (store, read) in held.into_iter().zip(reads) {
         let read = match read {
             Ok(read) if read.workloads_listed => read,
             Ok(_) => {
-                totals.skipped_stores += 1;
                 let why = "its agent does not report the images its containers use (upgrade the agent)";
-                events.emit(EventKind::Note, None, format!("store {} not swept: {why}", store.store));
+                skipped.push((store.store.clone(), why.to_string()));
                 continue;
             }
             Err(why) => {
-                totals.skipped_stores += 1;
-                events.emit(
-                    EventKind::Note,
-                    None,
-                    format!("store {} not swept: listing it failed: {why}", store.store),
-                );
+                skipped.push((store.store.clone(), format!("listing it failed: {why}")));
                 continue;
             }
         };
@@ -157,6 +169,46 @@ pub(crate) async fn sweep(
     }
     let owners: HashMap<String, String> =
         listings.iter().flat_map(|l| l.images.iter()).map(|image| (image.id.clone(), owner(image))).collect();
+    Ok(Planned { listings, plan, owners, records, skipped, by_store })
+}
+
+impl Planned {
+    /// The agent that holds `store`.
+    pub fn agent_of(&self, store: &StoreId) -> Option<String> {
+        self.by_store.get(store).map(|held| held.agent.id.clone())
+    }
+}
+
+/// The byte ledger now: a dry-run plan that belongs to no converge (nothing is written, no
+/// `(gc)` converge is opened) and the contexts a gc would collect.
+pub(crate) async fn ledger_now(engine: &Engine) -> Result<Ledger, SweepError> {
+    let planned = plan_sweep(engine, &ConvergeId::from(""), &SweepOptions::default()).await?;
+    let mut ledger = ledger::ledger(&planned, &engine.config.farm);
+    let contexts = engine.store.contexts().await.map_err(|err| SweepError::Roots { what: "contexts", err })?;
+    ledger.contexts.contexts = contexts.len() as u64;
+    ledger.contexts.bytes = contexts.iter().map(|c| c.bytes).sum();
+    let collected = engine
+        .contexts
+        .collect(&contexts_kept(&planned.records), now_ms(), true)
+        .await
+        .map_err(|err| SweepError::Roots { what: "contexts", err })?;
+    (ledger.contexts.would_collect, ledger.contexts.would_collect_bytes) = (collected.contexts, collected.bytes);
+    Ok(ledger)
+}
+
+/// Runs one sweep for the converge (or gc, or down) `converge`, narrating through `events`.
+pub(crate) async fn sweep(
+    engine: &Engine,
+    converge: &ConvergeId,
+    options: &SweepOptions,
+    events: &Events,
+) -> Result<SweepTotals, SweepError> {
+    let mut totals = SweepTotals::default();
+    let Planned { listings, plan, owners, records, skipped, by_store } = plan_sweep(engine, converge, options).await?;
+    for (store, why) in &skipped {
+        totals.skipped_stores += 1;
+        events.emit(EventKind::Note, None, format!("store {store} not swept: {why}"));
+    }
     report_kept_whole(&plan, events);
 
     if options.dry_run {
@@ -228,12 +280,7 @@ async fn collect_contexts(
     if options.only_instance.is_some() {
         return;
     }
-    let keep: std::collections::HashSet<String> = records
-        .iter()
-        .flat_map(|(current, previous)| std::iter::once(current).chain(previous.as_ref()))
-        .flat_map(|record| record.images.iter().filter_map(|image| image.context.clone()))
-        .collect();
-    match engine.contexts.collect(&keep, now_ms(), options.dry_run).await {
+    match engine.contexts.collect(&contexts_kept(records), now_ms(), options.dry_run).await {
         Ok(done) if done.contexts > 0 || options.narrate => {
             let kind = EventKind::ContextsCollected { count: done.contexts, bytes: done.bytes };
             let verb = if options.dry_run { "would collect" } else { "collected" };
@@ -244,6 +291,17 @@ async fn collect_contexts(
             events.emit(EventKind::Note, None, format!("contexts not collected: {}", kiln_core::error_chain(&err)))
         }
     }
+}
+
+/// The contexts a record's current or previous generation names: what the content store keeps.
+fn contexts_kept(
+    records: &[(crate::model::Record, Option<crate::model::Record>)],
+) -> std::collections::HashSet<String> {
+    records
+        .iter()
+        .flat_map(|(current, previous)| std::iter::once(current).chain(previous.as_ref()))
+        .flat_map(|record| record.images.iter().filter_map(|image| image.context.clone()))
+        .collect()
 }
 
 /// Every store the agents announced, in agent then store order.

@@ -851,6 +851,32 @@ mod postgres_only {
         assert_eq!(granted[0].token, 1);
     }
 
+    /// A write in flight holds the lease row as every fenced write does. The leader's renewal must
+    /// pass it (a busy farm always has one: with `FOR SHARE` the renewal waited until the lease
+    /// ran out), while a takeover must wait for it (or the write would land after the takeover).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_in_flight_never_holds_up_the_renewal_and_always_holds_up_a_takeover() {
+        let backend = Backend::postgres().await;
+        let Backend::Postgres { db } = &backend else { unreachable!() };
+        let (a, b) = (backend.open(&clock()).await, backend.open(&clock()).await);
+        let held = a.try_acquire_leadership("coord-a", A, Duration::from_secs(2)).await.unwrap().expect("A leads");
+        let mut writer = raw_postgres(db).await;
+        let in_flight = writer.transaction().await.unwrap();
+        in_flight.batch_execute("SELECT token FROM leader_lease FOR KEY SHARE").await.unwrap();
+
+        let renewed = tokio::time::timeout(PATIENCE, a.renew_leadership(&held, Duration::from_secs(2))).await;
+        assert!(renewed.expect("the renewal waited on the write in flight").is_ok());
+
+        // Once A's lease lapses, B's takeover waits until the write in flight ends.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let takeover = tokio::spawn(async move { b.try_acquire_leadership("coord-b", B, LONG).await.unwrap() });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!takeover.is_finished(), "the takeover went ahead of a write in flight under the old token");
+        in_flight.commit().await.unwrap();
+        let taken = tokio::time::timeout(PATIENCE, takeover).await.expect("the takeover ended").unwrap();
+        assert_eq!(taken.map(|l| l.token), Some(held.token + 1));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_standby_takes_over_a_resigned_lease_and_a_leader_learns_it_was_superseded() {
         let backend = Backend::postgres().await;

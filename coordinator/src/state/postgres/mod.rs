@@ -14,9 +14,9 @@
 //! - **Claims** lock their converge's row `FOR SHARE`, so a converge cannot finish between the
 //!   check that it runs and the claim's insert, and claims of one converge never interleave with
 //!   its finish.
-//! - **Fencing**: every write transaction starts by locking the `leader_lease` row `FOR SHARE` and
-//!   comparing its token with the one this handle acquired ([`lease::fence`]). A takeover updates
-//!   that row, so it waits for every write in flight under the old token, and every write after it
+//! - **Fencing**: every write transaction starts by locking the `leader_lease` row `FOR KEY SHARE`
+//!   and comparing its token with the one this handle acquired ([`lease::fence`]). A takeover locks
+//!   that row `FOR UPDATE`, so it waits for every write in flight under the old token, and every write after it
 //!   reads the new token and is refused. Advisory locks were the alternative and fence nothing: one
 //!   is held by one session, not by the pool's other connections; it vanishes with its connection
 //!   while the process still believes it leads; it carries no number a write can be checked against;
@@ -583,7 +583,10 @@ impl StateStore for PostgresStore {
         ttl: Duration,
     ) -> Result<Option<Leadership>, StateError> {
         let what = format!("taking the farm's lease for {holder}");
-        let acquired = lease::acquire(&self.lease_client(&what).await?, holder, addr, ttl, &what).await?;
+        let mut client = self.lease_client(&what).await?;
+        let tx = client.transaction().await.ctx(&what)?;
+        let acquired = lease::acquire(&tx, holder, addr, ttl, &what).await?;
+        tx.commit().await.ctx(&what)?;
         if acquired.is_some() {
             self.set_held(acquired.clone());
         }

@@ -272,6 +272,7 @@ pub async fn serve(
     }
     let (drain, draining) = tokio::sync::oneshot::channel::<()>();
     let serving = server
+        .trace_fn(request_span)
         .layer(guard)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20))
@@ -323,6 +324,15 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Every call's span, around the guard and the handler: named by its RPC, and a child of the
+/// caller's span when the call carries a `traceparent` (the CLI's command, an agent's task).
+fn request_span(request: &http::Request<()>) -> tracing::Span {
+    let path = request.uri().path();
+    let span = tracing::info_span!("rpc", otel.name = %path.trim_start_matches('/'), otel.kind = "server");
+    kiln_telemetry::follow_headers(&span, request.headers());
+    span
 }
 
 /// Fails the converges the state shows running, with `reason`: on becoming the active coordinator

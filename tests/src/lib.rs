@@ -5,11 +5,13 @@
 //! production uses — on a free loopback port, with its state under a temp `KILN_HOME`. Its agent's
 //! host store is the real Docker daemon, wrapped in [`Counting`] so a test can assert how many
 //! builds and pushes a converge really sent to Docker. [`Registry`] starts a registry on a free
-//! port and stops it by its PID; [`postgres::Postgres`] a throwaway PostgreSQL cluster the same way.
+//! port and stops it by its PID; [`postgres::Postgres`] a throwaway PostgreSQL cluster the same way;
+//! [`otlp::Collector`] receives the spans of processes that trace.
 
 pub mod docker;
 pub mod fixture;
 pub mod kind;
+pub mod otlp;
 pub mod postgres;
 pub mod registry;
 pub mod sim;

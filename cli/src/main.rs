@@ -260,7 +260,7 @@ fn run(command: Command, remote: &Remote) -> ExitCode {
     let done = runtime.block_on(async {
         // Traces when OTEL_EXPORTER_OTLP_ENDPOINT is set, one per command: every call carries the
         // command's span to the coordinator (`traceparent`). A bad endpoint must not stop a converge.
-        let telemetry = kiln_telemetry::init("kiln", kiln_telemetry::Logs::Off)
+        let telemetry = kiln_telemetry::init("kiln", kiln_telemetry::Process::Command)
             .map_err(|err| eprintln!("kiln: warning: traces are off: {}", kiln_core::error_chain(&err)))
             .ok();
         let name = command.name();

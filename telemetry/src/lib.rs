@@ -30,11 +30,15 @@ pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// not hold a `kiln` command or a stopping server for the exporter's own 10 s timeout.
 const FLUSH_WAIT: Duration = Duration::from_secs(3);
 
-/// Whether the binary logs to stderr (the servers) or not at all (the CLI, whose output is its own).
+/// What kind of process is traced, which decides how it logs and how its spans are sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logs {
-    Stderr,
-    Off,
+pub enum Process {
+    /// A server (`kiln-coordinator`, `kiln-agent`): logs on stderr; a batch the collector did not
+    /// take is sent again (the exporter's recommended retries), on the exporter's own thread.
+    Server,
+    /// A command (`kiln`): no logs, its output is its own; its spans are sent once, on exit, never
+    /// retried — a collector that is down must not hold the command for the retries' second.
+    Command,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,18 +64,18 @@ pub fn exporting() -> bool {
 }
 
 /// Installs the global subscriber for the binary `service` (`service.name` on every span): logs as
-/// `logs` says, and — when [`exporting`] — Kiln's spans exported by OTLP/gRPC through a batch
+/// `process` says, and — when [`exporting`] — Kiln's spans exported by OTLP/gRPC through a batch
 /// processor. Must run inside a Tokio runtime (the exporter's channel is a Tokio task).
-pub fn init(service: &'static str, logs: Logs) -> Result<Telemetry, TelemetryError> {
-    let provider = if exporting() { Some(provider(service)?) } else { None };
-    if logs == Logs::Off && provider.is_none() {
+pub fn init(service: &'static str, process: Process) -> Result<Telemetry, TelemetryError> {
+    let provider = if exporting() { Some(provider(service, process)?) } else { None };
+    if process == Process::Command && provider.is_none() {
         // Nothing would consume a span or an event: no subscriber at all, so none is even built.
         return Ok(Telemetry { provider });
     }
     // The log lines stay what they were before spans existed: events only, as RUST_LOG says
     // (`info` by default — an agent that cannot reach its coordinator must be heard unasked).
     // The events-only filter claims no level, so RUST_LOG alone sets the level `log` records pass.
-    let stderr = (logs == Logs::Stderr).then(|| {
+    let stderr = (process == Process::Server).then(|| {
         let env = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
         let events_only = filter_fn(|meta| meta.is_event()).with_max_level_hint(LevelFilter::TRACE);
         tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(env.and(events_only))
@@ -85,9 +89,13 @@ pub fn init(service: &'static str, logs: Logs) -> Result<Telemetry, TelemetryErr
     Ok(Telemetry { provider })
 }
 
-fn provider(service: &'static str) -> Result<SdkTracerProvider, TelemetryError> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_tonic()
+fn provider(service: &'static str, process: Process) -> Result<SdkTracerProvider, TelemetryError> {
+    use opentelemetry_otlp::WithTonicConfig;
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+    if process == Process::Command {
+        exporter = exporter.with_retry_policy(opentelemetry_otlp::RetryPolicy::disabled());
+    }
+    let exporter = exporter
         .build()
         .map_err(|err| TelemetryError::Exporter { endpoint: std::env::var(ENDPOINT_VAR).unwrap_or_default(), err })?;
     Ok(SdkTracerProvider::builder()

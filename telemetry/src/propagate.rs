@@ -80,3 +80,73 @@ impl Extractor for HeaderExtractor<'_> {
         self.0.keys().map(|k| k.as_str()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    /// Spans traced by an SDK provider that exports nowhere: ids are made, nothing leaves.
+    fn traced() -> impl tracing::Subscriber + Send + Sync {
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+    }
+
+    fn ids(span: &tracing::Span) -> (String, String) {
+        let cx = span.context();
+        let context = cx.span().span_context().clone();
+        (context.trace_id().to_string(), context.span_id().to_string())
+    }
+
+    #[test]
+    fn a_task_span_that_follows_a_traceparent_joins_its_trace() {
+        tracing::subscriber::with_default(traced(), || {
+            let task = tracing::info_span!("task");
+            let carried = traceparent(&task);
+            let (trace, parent) = ids(&task);
+            assert_eq!(carried, format!("00-{trace}-{parent}-01"));
+            let build = tracing::info_span!(parent: None, "build");
+            follow(&build, &carried);
+            assert_eq!(ids(&build).0, trace, "the agent's span is in the coordinator's trace");
+            assert_ne!(ids(&build).1, parent, "and a span of its own");
+        });
+    }
+
+    #[test]
+    fn a_call_carries_the_current_span_and_the_server_span_follows_its_headers() {
+        tracing::subscriber::with_default(traced(), || {
+            let command = tracing::info_span!("kiln up");
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            command.in_scope(|| inject(&mut metadata));
+            let headers = metadata.into_headers();
+            assert!(!headers.contains_key("tracestate"), "an empty tracestate is not sent");
+            let rpc = tracing::info_span!(parent: None, "rpc");
+            follow_headers(&rpc, &headers);
+            assert_eq!(ids(&rpc).0, ids(&command).0);
+        });
+    }
+
+    #[test]
+    fn a_missing_or_malformed_traceparent_leaves_the_span_its_own_root() {
+        tracing::subscriber::with_default(traced(), || {
+            for carried in ["", "00-zz-zz-01", "garbage"] {
+                let span = tracing::info_span!(parent: None, "build");
+                follow(&span, carried);
+                assert_eq!(ids(&span).0.len(), 32, "{carried:?}: a trace of its own");
+            }
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            inject(&mut metadata);
+            assert!(metadata.is_empty(), "outside any span nothing is injected");
+        });
+    }
+
+    #[test]
+    fn without_the_opentelemetry_layer_nothing_is_carried() {
+        let span = tracing::info_span!("task");
+        assert_eq!(traceparent(&span), "");
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        span.in_scope(|| inject(&mut metadata));
+        assert!(metadata.is_empty());
+    }
+}

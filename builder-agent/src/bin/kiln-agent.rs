@@ -62,7 +62,7 @@ enum Role {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Logs on stderr as RUST_LOG says (`info` by default); traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    let telemetry = kiln_telemetry::init("kiln-agent", kiln_telemetry::Logs::Stderr)?;
+    let telemetry = kiln_telemetry::init("kiln-agent", kiln_telemetry::Process::Server)?;
     let result = run(Args::parse()).await;
     // After the agent's loop returned (SIGTERM, SIGINT): its last spans are still buffered.
     telemetry.shutdown().await;

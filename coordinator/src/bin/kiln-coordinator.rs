@@ -208,7 +208,7 @@ fn is_database_url(state: &str) -> bool {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     // Logs on stderr as RUST_LOG says (`info` by default); traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-    let telemetry = kiln_telemetry::init("kiln-coordinator", kiln_telemetry::Logs::Stderr)?;
+    let telemetry = kiln_telemetry::init("kiln-coordinator", kiln_telemetry::Process::Server)?;
     let cli = Cli::parse();
     let result = run(cli).await;
     // After the serve loop returned (SIGTERM, SIGINT): its last spans are still buffered.

@@ -10,6 +10,7 @@
 //! pure and `kiln-proto` holds generated code only, and the coordinator and the agent do not depend
 //! on each other.
 
+mod command;
 pub mod propagate;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -36,8 +37,9 @@ pub enum Process {
     /// A server (`kiln-coordinator`, `kiln-agent`): logs on stderr; a batch the collector did not
     /// take is sent again (the exporter's recommended retries), on the exporter's own thread.
     Server,
-    /// A command (`kiln`): no logs, its output is its own; its spans are sent once, on exit, never
-    /// retried — a collector that is down must not hold the command for the retries' second.
+    /// A command (`kiln`): no logs, its output is its own; its spans are held and sent in one
+    /// export as it exits, never retried — a collector that is down must not hold the command for
+    /// the retries' second.
     Command,
 }
 
@@ -56,6 +58,8 @@ pub enum TelemetryError {
 #[must_use = "call `shutdown` on exit, or the last spans are lost"]
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    /// A command's spans, sent by [`Telemetry::shutdown`].
+    held: Option<command::Held>,
 }
 
 /// Whether `OTEL_EXPORTER_OTLP_ENDPOINT` asks for traces.
@@ -67,10 +71,16 @@ pub fn exporting() -> bool {
 /// `process` says, and — when [`exporting`] — Kiln's spans exported by OTLP/gRPC through a batch
 /// processor. Must run inside a Tokio runtime (the exporter's channel is a Tokio task).
 pub fn init(service: &'static str, process: Process) -> Result<Telemetry, TelemetryError> {
-    let provider = if exporting() { Some(provider(service, process)?) } else { None };
+    let (provider, held) = match exporting() {
+        true => {
+            let (provider, held) = provider(service, process)?;
+            (Some(provider), held)
+        }
+        false => (None, None),
+    };
     if process == Process::Command && provider.is_none() {
         // Nothing would consume a span or an event: no subscriber at all, so none is even built.
-        return Ok(Telemetry { provider });
+        return Ok(Telemetry { provider, held });
     }
     // The log lines stay what they were before spans existed: events only, as RUST_LOG says
     // (`info` by default — an agent that cannot reach its coordinator must be heard unasked).
@@ -86,10 +96,14 @@ pub fn init(service: &'static str, process: Process) -> Result<Telemetry, Teleme
         tracing_opentelemetry::layer().with_tracer(provider.tracer(service)).with_filter(kiln)
     });
     tracing_subscriber::registry().with(stderr).with(traces).init();
-    Ok(Telemetry { provider })
+    Ok(Telemetry { provider, held })
 }
 
-fn provider(service: &'static str, process: Process) -> Result<SdkTracerProvider, TelemetryError> {
+/// The provider, and for a command the spans it holds until exit.
+fn provider(
+    service: &'static str,
+    process: Process,
+) -> Result<(SdkTracerProvider, Option<command::Held>), TelemetryError> {
     use opentelemetry_otlp::WithTonicConfig;
     let mut exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic();
     if process == Process::Command {
@@ -98,26 +112,36 @@ fn provider(service: &'static str, process: Process) -> Result<SdkTracerProvider
     let exporter = exporter
         .build()
         .map_err(|err| TelemetryError::Exporter { endpoint: std::env::var(ENDPOINT_VAR).unwrap_or_default(), err })?;
-    Ok(SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
-        .with_resource(Resource::builder().with_service_name(service).build())
-        .build())
+    let resource = Resource::builder().with_service_name(service).build();
+    let builder = SdkTracerProvider::builder().with_resource(resource.clone());
+    Ok(match process {
+        Process::Server => (builder.with_batch_exporter(exporter).build(), None),
+        Process::Command => {
+            let (held, keep) = command::Held::new(exporter, resource);
+            (builder.with_span_processor(keep).build(), Some(held))
+        }
+    })
 }
 
 impl Telemetry {
-    /// Whether spans are exported.
-    pub fn exporting(&self) -> bool {
-        self.provider.is_some()
-    }
-
-    /// Sends the spans still buffered and stops the exporter. Call it once the work is done and its
+    /// Sends the spans not sent yet and stops the exporter. Call it once the work is done and its
     /// spans closed: the CLI at the end of its command, the servers after their serve loop returns.
     pub async fn shutdown(self) {
         let Some(provider) = self.provider else { return };
-        // The flush blocks until the batch is sent, while the exporter's channel needs the runtime's
-        // threads: off them.
-        let flushed = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(FLUSH_WAIT)).await;
-        if let Ok(Err(err)) = flushed {
+        let flushed = match self.held {
+            // A command's spans go in one export on this runtime; the provider holds nothing more.
+            Some(held) => {
+                let sent = held.send(FLUSH_WAIT).await;
+                let _ = provider.shutdown();
+                sent
+            }
+            // The batch processor's flush blocks until the batch is sent, while the exporter's
+            // channel needs the runtime's threads: off them.
+            None => {
+                tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(FLUSH_WAIT)).await.unwrap_or(Ok(()))
+            }
+        };
+        if let Err(err) = flushed {
             tracing::warn!(error = %err, "the last spans may not have reached the collector");
         }
     }

@@ -107,11 +107,6 @@ impl Collector {
     pub fn exports(&self) -> usize {
         self.received.lock().unwrap().exports
     }
-
-    /// Forgets what was received (a benchmark's collector keeps nothing between rounds).
-    pub fn clear(&self) {
-        self.received.lock().unwrap().spans.clear();
-    }
 }
 
 impl Drop for Collector {

@@ -421,8 +421,8 @@ fn api_buildkit(context: &Path, tag: &str, labels: &BTreeMap<String, String>) ->
 
 /// Removes the images a benchmark made, however it ends: benchmarks leave nothing on the daemon.
 #[derive(Debug, Default)]
-struct Cleanup {
-    refs: Vec<String>,
+pub(crate) struct Cleanup {
+    pub(crate) refs: Vec<String>,
 }
 
 impl Drop for Cleanup {
@@ -473,7 +473,7 @@ fn images_with(outcome: &UpOutcome, kind: EventKind) -> Vec<String> {
 }
 
 /// The content refs `kiln up` builds for `manifest` (for clean-up).
-fn built_refs(manifest: &Manifest) -> Result<Vec<String>> {
+pub(crate) fn built_refs(manifest: &Manifest) -> Result<Vec<String>> {
     let plan = kiln::request::plan_up(manifest, false, "kiln-bench", None)?;
     Ok(plan.request.images.into_iter().filter(|i| !i.context_digest.is_empty()).map(|i| i.reference).collect())
 }

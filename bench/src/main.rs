@@ -8,6 +8,7 @@ mod delivery;
 mod digest;
 mod failover;
 mod farm;
+mod observe;
 mod pack;
 mod stat_cache;
 mod sweep_plan;
@@ -50,6 +51,8 @@ enum Bench {
     Failover(failover::Args),
     /// Parallel placement: a 20-image converge on 4 simulated agents vs one agent, sequential.
     Parallel(farm::ParallelArgs),
+    /// What observability costs: a no-op `kiln up` (the binary) with metrics listeners and OTLP traces on vs off.
+    Observe(observe::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,5 +69,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Farm(args) => farm::farm(&args),
         Bench::Parallel(args) => farm::parallel(&args),
         Bench::Failover(args) => failover::run(&args),
+        Bench::Observe(args) => observe::run(&args),
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 /// What every task shares: the store, the way back to the coordinator, a scratch directory.
 pub(crate) struct TaskContext {
@@ -34,7 +35,41 @@ fn failed(err: impl std::fmt::Display) -> (ErrorKind, String) {
     (ErrorKind::Failed, err.to_string())
 }
 
+/// A task's span on the agent, named by its kind (`build`, `push`, `import`, …): a child of the
+/// coordinator's span for the task (`Task.traceparent`), so it joins the converge's trace.
+pub(crate) fn span(task: &pb::Task) -> tracing::Span {
+    use pb::task::Kind;
+    let kind = match &task.kind {
+        Some(Kind::Build(_)) => "build",
+        Some(Kind::Push(_)) => "push",
+        Some(Kind::List(_)) => "list",
+        Some(Kind::Inspect(_)) => "inspect",
+        Some(Kind::Remove(_)) => "remove",
+        Some(Kind::Export(_)) => "export",
+        Some(Kind::Import(_)) => "import",
+        Some(Kind::KindLoad(_)) => "kind_load",
+        Some(Kind::Tag(_)) => "tag",
+        Some(Kind::Probe(_)) => "probe",
+        None => "unknown",
+    };
+    let span = tracing::info_span!("task", otel.name = kind, task = %task.task_id, converge = %task.converge_id);
+    kiln_telemetry::follow(&span, &task.traceparent);
+    span
+}
+
+/// The request of a call the agent makes for a task, carrying the task's trace context.
+pub(crate) fn traced<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    kiln_telemetry::inject(request.metadata_mut());
+    request
+}
+
 pub(crate) async fn execute(ctx: Arc<TaskContext>, task: pb::Task) {
+    let span = span(&task);
+    run(ctx, task).instrument(span).await
+}
+
+async fn run(ctx: Arc<TaskContext>, task: pb::Task) {
     let id = task.task_id.clone();
     let store = match &task.kind {
         Some(
@@ -100,9 +135,10 @@ async fn fetch_verify_build(
     archive: &Path,
     b: pb::BuildTask,
 ) -> TaskResult {
-    download(ctx, digest, archive).await?;
+    download(ctx, digest, archive).instrument(tracing::info_span!("fetch", context = %digest)).await?;
     let (a, s, d) = (archive.to_path_buf(), ctx.scratch.clone(), *digest);
-    tokio::task::spawn_blocking(move || verify_context(&a, &d, &s))
+    let verifying = tracing::info_span!("verify", context = %digest);
+    tokio::task::spawn_blocking(move || verifying.in_scope(|| verify_context(&a, &d, &s)))
         .await
         .map_err(failed)?
         .map_err(|e| (ErrorKind::ContextMismatch, kiln_core::error_chain(&e)))?;
@@ -121,7 +157,9 @@ async fn fetch_verify_build(
     let a = archive.to_path_buf();
     // Aborted with this task: a cancelled build closes its connection to the daemon, which
     // stops the build there.
-    let mut building = AbortOnDrop(tokio::spawn(async move { store.build(&a, &spec, log_tx).await }));
+    let docker = tracing::info_span!("docker build", image = %spec.tag);
+    let mut building =
+        AbortOnDrop(tokio::spawn(async move { store.build(&a, &spec, log_tx).instrument(docker).await }));
     while let Some(line) = log_rx.recv().await {
         progress(ctx, task_id, line, 0, 0).await;
     }
@@ -157,7 +195,7 @@ async fn download(ctx: &TaskContext, digest: &TreeDigest, archive: &Path) -> Res
     let fail = |why: String| failed(format!("fetching context {digest} from the coordinator: {why}"));
     let mut client = ctx.content.clone();
     let mut chunks = client
-        .download(pb::DownloadRequest { digest: digest.to_string() })
+        .download(traced(pb::DownloadRequest { digest: digest.to_string() }))
         .await
         .map_err(|s| fail(s.message().to_string()))?
         .into_inner();
@@ -385,7 +423,7 @@ async fn export(ctx: &TaskContext, e: pb::ExportTask) -> TaskResult {
         Ok::<(), HostError>(())
     });
     let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let put = ctx.relay.clone().put(chunks).await;
+    let put = ctx.relay.clone().put(traced(chunks)).await;
     if let Ok(Err(err)) = pump.await {
         return Err(failed(kiln_core::error_chain(&err)));
     }

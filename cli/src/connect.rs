@@ -18,7 +18,8 @@ use crate::error::CliError;
 /// A channel to a coordinator that carries the user's token on every call.
 pub type Channel = InterceptedService<tonic::transport::Channel, Bearer>;
 
-/// Adds `authorization: Bearer <token>` to every call, when there is a token.
+/// Adds `authorization: Bearer <token>` to every call, when there is a token, and the calling
+/// span's `traceparent` when tracing is on (the coordinator's span of the call becomes its child).
 #[derive(Clone)]
 pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
 
@@ -47,6 +48,7 @@ impl tonic::service::Interceptor for Bearer {
         if let Some(value) = &self.0 {
             request.metadata_mut().insert("authorization", value.clone());
         }
+        kiln_telemetry::inject(request.metadata_mut());
         Ok(request)
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use kiln::error::report;
 use kiln::{CliError, Connect, Exit, OutputMode};
+use tracing::Instrument;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -199,6 +200,32 @@ enum Command {
     },
 }
 
+impl Command {
+    /// How the command's trace is named: `kiln up`, `kiln status`.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Up { .. } => "up",
+            Command::Down { .. } => "down",
+            Command::Gc { .. } => "gc",
+            Command::Pin { .. } => "pin",
+            Command::Unpin { .. } => "unpin",
+            Command::Pins => "pins",
+            Command::Status { .. } => "status",
+            Command::Logs { .. } => "logs",
+            Command::Images { .. } => "images",
+            Command::Agents => "agents",
+            Command::Audit { .. } => "audit",
+            Command::Whoami => "whoami",
+            Command::Ps => "ps",
+            Command::Cancel { .. } => "cancel",
+            Command::Digest { .. } => "digest",
+            Command::Pack { .. } => "pack",
+            Command::Unpack { .. } => "unpack",
+            Command::Refs { .. } => "refs",
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let plumbing = match cli.command {
@@ -231,7 +258,22 @@ fn run(command: Command, remote: &Remote) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(command, remote)) {
+    let done = runtime.block_on(async {
+        // Traces when OTEL_EXPORTER_OTLP_ENDPOINT is set, one per command: every call carries the
+        // command's span to the coordinator (`traceparent`). A bad endpoint must not stop a converge.
+        let telemetry = kiln_telemetry::init("kiln", kiln_telemetry::Process::Command)
+            .map_err(|err| eprintln!("kiln: warning: traces are off: {}", kiln_core::error_chain(&err)))
+            .ok();
+        let name = command.name();
+        let root = tracing::info_span!("kiln", otel.name = %format!("kiln {name}"), command = name);
+        let done = dispatch(command, remote).instrument(root).await;
+        // The command's span closed with the future above; send it before the process exits.
+        if let Some(telemetry) = telemetry {
+            telemetry.shutdown().await;
+        }
+        done
+    });
+    match done {
         Ok(exit) => ExitCode::from(exit.code()),
         // `kiln logs … | head`: the reader closed the pipe because it has what it wanted.
         Err(CliError::Output(err)) if err.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,

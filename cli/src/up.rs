@@ -10,6 +10,7 @@ use kiln_proto::v1::content_store_client::ContentStoreClient;
 use kiln_proto::v1::kiln_client::KilnClient;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::connect::{self, Kind, Link};
 use crate::embedded::with_coordinator;
@@ -116,8 +117,9 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     render.addressing(&built);
     let force = args.force;
     let stat_cache = crate::home::stat_cache_dir(args.connect.coordinator.is_none(), args.connect.kiln_home.as_deref());
+    let walk = tracing::info_span!("address", images = built.len());
     let mut plan = tokio::task::spawn_blocking(move || {
-        plan_up(&manifest, force, &crate::home::requested_by(), stat_cache.as_deref())
+        walk.in_scope(|| plan_up(&manifest, force, &crate::home::requested_by(), stat_cache.as_deref()))
     })
     .await
     .map_err(|_| CliError::Panicked { what: "walk" })??;
@@ -207,10 +209,12 @@ async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<
                         if in_flight.insert(digest.clone()) {
                             let (store, digest, source, tx) = (store.clone(), digest.clone(), source.clone(), progress_tx.clone());
                             let (url, window) = (link.url.clone(), link.window);
+                            // A span of its own, in the command's trace: the task would start outside it.
+                            let span = tracing::info_span!("upload", context = %digest);
                             uploads.spawn(async move {
                                 let result = upload_on_ladder(store, digest.clone(), source, Some(tx), &url, window).await;
                                 (digest, result)
-                            });
+                            }.instrument(span));
                         }
                     }
                 }

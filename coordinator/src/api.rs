@@ -3,7 +3,7 @@
 //! `Pin`/`Unpin`/`Pins` keep refs through sweeps; `Status`, `Logs`, `Images` and `Agents` read
 //! state. A converge runs to its end even if its client goes away.
 
-use crate::engine::{now_ms, Engine, Failure};
+use crate::engine::{now_ms, step, Engine, Failure};
 use crate::events::{to_pb, Events};
 use crate::model::{ConvergeId, ConvergeState, EventKind, Owner};
 use crate::plan::UpPlan;
@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 /// The `Kiln` gRPC service.
 #[derive(Debug, Clone)]
@@ -118,7 +119,11 @@ fn spawn_job<F, Fut>(
     F: FnOnce(Arc<Engine>, ConvergeId, Events) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = JobResult> + Send + 'static,
 {
-    tokio::spawn(async move {
+    // Started in the call's span, so the converge joins the caller's trace; it outlives the call.
+    let action = audited.action;
+    let span =
+        tracing::info_span!("converge", otel.name = %format!("converge {action}"), converge = %id, kind = action);
+    let job = async move {
         let started_at = std::time::Instant::now();
         let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
         events.emit(EventKind::Started, None, started);
@@ -155,7 +160,8 @@ fn spawn_job<F, Fut>(
             format!("{outcome} (converge {id})"),
         )
         .await;
-    });
+    };
+    tokio::spawn(job.instrument(span));
 }
 
 /// Counts a job that ended in `kiln_converges_total` and `kiln_converge_duration_seconds`.
@@ -207,7 +213,8 @@ struct Audited {
 fn dry_run(engine: Arc<Engine>, plan: UpPlan) -> EventStream {
     let (live, rx) = mpsc::channel(256);
     let id = ConvergeId::from(format!("dry-run-{}", ConvergeId::generate(now_ms())));
-    tokio::spawn(async move {
+    let span = tracing::info_span!("converge", otel.name = "converge up --dry-run", converge = %id, kind = "up");
+    let job = async move {
         let (events, writer) = Events::ephemeral(id.clone(), live);
         events.emit(EventKind::Started, None, "dry run");
         match engine.up(&id, &plan, &events).await {
@@ -222,7 +229,8 @@ fn dry_run(engine: Arc<Engine>, plan: UpPlan) -> EventStream {
         }
         drop(events);
         let _ = writer.await;
-    });
+    };
+    tokio::spawn(job.instrument(span));
     ReceiverStream::new(rx)
 }
 
@@ -333,7 +341,7 @@ impl pb::kiln_server::Kiln for KilnService {
                 if result.as_ref().is_ok_and(|done| done.changed) {
                     let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
                     let options = SweepOptions { keep, ..SweepOptions::default() };
-                    if let Err(err) = sweep(&engine, &id, &options, &events).await {
+                    if let Err(err) = sweep(&engine, &id, &options, &events).instrument(step("sweep")).await {
                         events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
                     }
                 }
@@ -391,7 +399,7 @@ impl pb::kiln_server::Kiln for KilnService {
             crate::kube::unpublished(&engine.config, &instance, &events).await?;
             // Its roots are gone; what another instance's roots name stays.
             let options = SweepOptions { narrate: true, ..SweepOptions::default() };
-            sweep(&engine, &id, &options, &events).await.map_err(sweep_failure)?;
+            sweep(&engine, &id, &options, &events).instrument(step("sweep")).await.map_err(sweep_failure)?;
             Ok((String::new(), 0))
         });
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -422,7 +430,8 @@ impl pb::kiln_server::Kiln for KilnService {
                 keep: Vec::new(),
                 narrate: true,
             };
-            let totals = sweep(&engine, &id, &options, &events).await.map_err(sweep_failure)?;
+            let totals =
+                sweep(&engine, &id, &options, &events).instrument(step("sweep")).await.map_err(sweep_failure)?;
             // Removals that failed were reported one by one and did not stop the rest, so the gc
             // itself succeeded; the summary says what is left over.
             let mut summary = Vec::new();

@@ -18,6 +18,7 @@ use crate::relay::Relay;
 use kiln_proto::v1 as pb;
 use std::sync::Arc;
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 /// Why a delivery did not happen.
 #[derive(Debug)]
@@ -177,7 +178,8 @@ async fn on_nodes(nodes: &[Arc<AgentConn>], converge: &str, task: pb::ImportTask
     let mut set = JoinSet::new();
     for (i, node) in nodes.iter().enumerate() {
         let (node, converge, task) = (node.clone(), converge.to_string(), task.clone());
-        set.spawn(async move {
+        // In the delivery's span: a spawned task starts outside it.
+        let importing = async move {
             let answer = match node.run(&converge, pb::task::Kind::Import(task), |_| {}).await {
                 Ok(pb::task_result::Outcome::Imported(i)) => Ok(i.skipped),
                 Ok(_) => Err("answered the import with something else (an older agent?)".to_string()),
@@ -185,7 +187,8 @@ async fn on_nodes(nodes: &[Arc<AgentConn>], converge: &str, task: pb::ImportTask
                 Err(err) => Err(err.to_string()),
             };
             (i, answer)
-        });
+        };
+        set.spawn(importing.in_current_span());
     }
     let mut out: Vec<Result<bool, String>> = vec![Err("never answered".to_string()); nodes.len()];
     while let Some(joined) = set.join_next().await {

@@ -16,6 +16,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::trust::Principal;
 
@@ -145,9 +146,22 @@ impl AgentConn {
         &self,
         converge: &str,
         kind: pb::task::Kind,
-        mut on_progress: impl FnMut(pb::TaskProgress),
+        on_progress: impl FnMut(pb::TaskProgress),
     ) -> Result<pb::task_result::Outcome, TaskFailure> {
         let task_id = format!("{}-{}", self.id, self.next_task.fetch_add(1, Ordering::Relaxed));
+        let name = task_name(&kind);
+        let span = tracing::info_span!("task", otel.name = %format!("task {name}"), task = %task_id, agent = %self.id);
+        self.run_traced(converge, task_id, kind, on_progress, &span).instrument(span.clone()).await
+    }
+
+    async fn run_traced(
+        &self,
+        converge: &str,
+        task_id: String,
+        kind: pb::task::Kind,
+        mut on_progress: impl FnMut(pb::TaskProgress),
+        span: &tracing::Span,
+    ) -> Result<pb::task_result::Outcome, TaskFailure> {
         // A context goes only to a host agent running a build of it, for as long as it runs.
         let context = match &kind {
             pb::task::Kind::Build(b) => Some(b.context_digest.clone()),
@@ -164,7 +178,10 @@ impl AgentConn {
         let pending = Pending { progress: progress_tx, done: done_tx, alive: alive.clone() };
         self.pending.lock().unwrap().insert(task_id.clone(), pending);
         let mut outstanding = Outstanding { conn: self, task_id: Some(task_id.clone()) };
-        let task = pb::Task { task_id: task_id.clone(), converge_id: converge.to_string(), kind: Some(kind) };
+        // The agent's spans join this one: the stream's metadata cannot carry a per-task context.
+        let traceparent = kiln_telemetry::traceparent(span);
+        let task =
+            pb::Task { task_id: task_id.clone(), converge_id: converge.to_string(), kind: Some(kind), traceparent };
         let msg = pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) };
         if self.tx.send(Ok(msg)).await.is_err() {
             outstanding.settled();
@@ -399,6 +416,23 @@ impl Hub {
                 conn.pending.lock().unwrap().clear();
             }
         }
+    }
+}
+
+/// A task's kind as its span names it: `task build`, `task push`.
+fn task_name(kind: &pb::task::Kind) -> &'static str {
+    use pb::task::Kind;
+    match kind {
+        Kind::Build(_) => "build",
+        Kind::Push(_) => "push",
+        Kind::List(_) => "list",
+        Kind::Inspect(_) => "inspect",
+        Kind::Remove(_) => "remove",
+        Kind::Export(_) => "export",
+        Kind::Import(_) => "import",
+        Kind::KindLoad(_) => "kind_load",
+        Kind::Tag(_) => "tag",
+        Kind::Probe(_) => "probe",
     }
 }
 

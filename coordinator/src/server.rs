@@ -279,6 +279,7 @@ pub async fn serve(
     }
     let (drain, draining) = tokio::sync::oneshot::channel::<()>();
     let serving = server
+        .trace_fn(request_span)
         .layer(guard)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20))
@@ -330,6 +331,19 @@ pub async fn serve(
         }
     }
     Ok(())
+}
+
+/// Every call's span, around the guard and the handler: named by its RPC, and a child of the
+/// caller's span when the call carries a `traceparent` (the CLI's command, an agent's task).
+/// Health checks get none: a probe every few seconds would bury the converges in one-span traces.
+fn request_span(request: &http::Request<()>) -> tracing::Span {
+    let path = request.uri().path();
+    if path.starts_with("/grpc.health.v1.Health/") {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!("rpc", otel.name = %path.trim_start_matches('/'), otel.kind = "server");
+    kiln_telemetry::follow_headers(&span, request.headers());
+    span
 }
 
 /// Fails the converges the state shows running, with `reason`: on becoming the active coordinator

@@ -7,12 +7,14 @@
 //! builds and pushes a converge really sent to Docker. [`Registry`] starts a registry on a free
 //! port and stops it by its PID; [`postgres::Postgres`] a throwaway PostgreSQL cluster the same way;
 //! [`browser::ChromeDriver`] headless Chromium's WebDriver, for the status page.
+//! [`otlp::Collector`] receives the spans of processes that trace.
 
 pub mod browser;
 pub mod docker;
 pub mod fixture;
 pub mod http;
 pub mod kind;
+pub mod otlp;
 pub mod postgres;
 pub mod registry;
 pub mod sim;

@@ -61,16 +61,15 @@ enum Role {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        // `info` unless RUST_LOG says otherwise: an agent that cannot reach its coordinator, or a
-        // converge marked failed at start, must be heard without anyone setting a variable.
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let args = Args::parse();
+    // Logs on stderr as RUST_LOG says (`info` by default); traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let telemetry = kiln_telemetry::init("kiln-agent", kiln_telemetry::Process::Server)?;
+    let result = run(Args::parse()).await;
+    // After the agent's loop returned (SIGTERM, SIGINT): its last spans are still buffered.
+    telemetry.shutdown().await;
+    result
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let agent_id = match args.id {
         Some(id) => id,
         None => {

@@ -18,6 +18,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
+use tracing::Instrument;
 
 /// What a node agent's tasks share: the store, and the coordinator's relay imports come from.
 pub(crate) struct NodeContext {
@@ -30,6 +31,11 @@ pub(crate) struct NodeContext {
 }
 
 pub(crate) async fn execute(ctx: Arc<NodeContext>, task: pb::Task) {
+    let span = crate::tasks::span(&task);
+    run(ctx, task).instrument(span).await
+}
+
+async fn run(ctx: Arc<NodeContext>, task: pb::Task) {
     let store = &*ctx.store;
     let result = match task.kind {
         Some(pb::task::Kind::List(l)) => list(store, l).await,
@@ -75,7 +81,7 @@ async fn import(ctx: &NodeContext, i: pb::ImportTask) -> TaskResult {
         return Ok(Outcome::Imported(pb::Imported { skipped: held, bytes: 0 }));
     }
     let request = pb::RelayGetRequest { key: i.relay_key.clone() };
-    let chunks = ctx.relay.clone().get(request).await.map_err(|s| {
+    let chunks = ctx.relay.clone().get(crate::tasks::traced(request)).await.map_err(|s| {
         (ErrorKind::Failed, format!("the coordinator's relay has no archive for {}: {}", i.reference, s.message()))
     })?;
     let body = chunks

@@ -47,7 +47,12 @@ impl StandIn {
     pub async fn run(&mut self, kind: pb::task::Kind) -> pb::task_result::Outcome {
         self.next += 1;
         let task_id = format!("t{}", self.next);
-        let task = pb::Task { task_id: task_id.clone(), converge_id: "c1".to_string(), kind: Some(kind) };
+        let task = pb::Task {
+            task_id: task_id.clone(),
+            converge_id: "c1".to_string(),
+            kind: Some(kind),
+            ..Default::default()
+        };
         self.tasks.send(task).await.unwrap();
         let result = self.results.recv().await.expect("the agent answered");
         assert_eq!(result.task_id, task_id);

@@ -208,16 +208,16 @@ fn is_database_url(state: &str) -> bool {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        // `info` unless RUST_LOG says otherwise: an agent that cannot reach its coordinator, or a
-        // converge marked failed at start, must be heard without anyone setting a variable.
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // Logs on stderr as RUST_LOG says (`info` by default); traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let telemetry = kiln_telemetry::init("kiln-coordinator", kiln_telemetry::Process::Server)?;
     let cli = Cli::parse();
+    let result = run(cli).await;
+    // After the serve loop returned (SIGTERM, SIGINT): its last spans are still buffered.
+    telemetry.shutdown().await;
+    result
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         None => serve(cli.serve).await,
         Some(Command::Serve(args)) => serve(*args).await,

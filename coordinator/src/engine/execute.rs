@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kiln_core::sweep::{LABEL_CONTEXT, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
 use kiln_proto::v1 as pb;
+use tracing::Instrument;
 
 use super::decide::{address_inputs, Decision};
 use super::{Engine, Failure};
@@ -132,7 +133,8 @@ impl Engine {
         loop {
             // A sweep elsewhere may take the ref between its build (or held check) and its use:
             // the push finds it gone, or the read-back after a delivery that moves nothing does.
-            let gone = match self.deliver(host, id, plan, d, events).await {
+            let delivering = self.deliver(host, id, plan, d, events).instrument(super::step("deliver"));
+            let gone = match delivering.await {
                 Err(DeliverError::Gone(message)) => message,
                 Err(DeliverError::Failed(why)) => return Err(Failure::of(name, why)),
                 Ok(moved) => {
@@ -171,7 +173,8 @@ impl Engine {
             if slot.is_none() {
                 *slot = Some(self.acquire(id, plan, d, Some(host.id.clone()), Vec::new(), events).await?);
             }
-            self.build(host, id, plan, d, &reason, events).await.map_err(Failure::from)?;
+            let building = self.build(host, id, plan, d, &reason, events).instrument(super::step("build"));
+            building.await.map_err(Failure::from)?;
         }
     }
 
@@ -226,8 +229,9 @@ impl Engine {
         let name = d.image.name.as_str();
         let mut lost: Vec<String> = Vec::new();
         loop {
-            let grant = self.acquire(id, plan, d, required.clone(), lost.clone(), events).await?;
-            match self.build(&grant.agent, id, plan, d, reason, events).await {
+            let queued = self.acquire(id, plan, d, required.clone(), lost.clone(), events);
+            let grant = queued.instrument(super::step("queue")).await?;
+            match self.build(&grant.agent, id, plan, d, reason, events).instrument(super::step("build")).await {
                 Ok(()) => return Ok(grant),
                 Err(BuildError::Failed(failure)) => return Err(failure),
                 Err(BuildError::AgentLost(err)) => {

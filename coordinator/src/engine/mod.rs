@@ -25,6 +25,7 @@ use crate::Config;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// How long a converge waits for a host agent to connect when none is.
 const AGENT_WAIT: Duration = Duration::from_secs(10);
@@ -145,7 +146,8 @@ impl Engine {
         if !plan.dry_run {
             let mut claims: Vec<String> = built.iter().map(|(i, _)| i.reference.clone()).collect();
             claims.extend(built.iter().map(|(_, inputs)| format!("{CONTEXT_CLAIM_PREFIX}{}", inputs.context)));
-            self.store.claim(id, &claims, now_ms() + lease).await.map_err(store_failure)?;
+            let claiming = self.store.claim(id, &claims, now_ms() + lease);
+            claiming.instrument(step("claim")).await.map_err(store_failure)?;
         }
 
         let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
@@ -162,8 +164,9 @@ impl Engine {
         }
 
         if !built.is_empty() {
-            let host = self.pick_host(plan).await?;
-            let decisions = self.decide(&host, id, plan, record.as_ref(), &built, events).await?;
+            let host = self.pick_host(plan).instrument(step("pick host")).await?;
+            let deciding = self.decide(&host, id, plan, record.as_ref(), &built, events);
+            let decisions = deciding.instrument(step("decide")).await?;
             if plan.dry_run {
                 for d in &decisions {
                     let kind = EventKind::Would {
@@ -182,8 +185,9 @@ impl Engine {
                 events.emit(kind, Some(&d.image.name), d.image.reference.clone());
             }
             let generation = record.as_ref().map_or(0, |r| r.generation.0);
-            self.ensure_contexts(&decisions, events).await?;
-            recorded.extend(self.run_all(&host, id, plan, &decisions, generation, events).await?);
+            self.ensure_contexts(&decisions, events).instrument(step("contexts")).await?;
+            let running = self.run_all(&host, id, plan, &decisions, generation, events);
+            recorded.extend(running.instrument(step("images")).await?);
         }
 
         // Keep the manifest's order in the record.
@@ -197,7 +201,8 @@ impl Engine {
             return Ok(Converged { generation: current.generation.0, changed: false });
         }
         let expected = record.map(|r| r.generation);
-        let generation = self.store.write_record(&plan.instance, expected, recorded).await.map_err(store_failure)?;
+        let writing = self.store.write_record(&plan.instance, expected, recorded);
+        let generation = writing.instrument(step("record")).await.map_err(store_failure)?;
         Ok(Converged { generation: generation.0, changed: true })
     }
 
@@ -236,6 +241,12 @@ impl Engine {
             self.hub.changed(deadline - Instant::now()).await;
         }
     }
+}
+
+/// The span of one step of the converge (DESIGN.md's numbering: claim, decide, contexts, images,
+/// record), a child of the converge's.
+pub(crate) fn step(name: &'static str) -> tracing::Span {
+    tracing::info_span!("step", otel.name = name)
 }
 
 /// A dry run's line: `would build: context changed (…)`, `would skip: recorded`.

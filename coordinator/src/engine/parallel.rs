@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use super::decide::Decision;
 use super::{store_failure, Engine, Failure};
@@ -67,11 +68,13 @@ impl Engine {
             .enumerate()
             .map(|(i, d)| {
                 let graph = &graph;
+                let span = tracing::info_span!("image", otel.name = %format!("image {}", d.image.name), action = d.action.word());
                 async move {
                     let result = self.run_one(home, id, plan, d, generation, events, graph).await;
                     graph.finish(&d.image.name, result.as_ref().ok().and_then(|(_, agent)| agent.clone()));
                     (i, result.map(|(entry, _)| entry))
                 }
+                .instrument(span)
             })
             .collect();
         let lease = self.config.claim_lease;

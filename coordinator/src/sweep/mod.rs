@@ -20,6 +20,7 @@ mod roots;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use kiln_core::sweep::{
     plan, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, StoreId, StoreKind, StoreListing, StorePlan,
@@ -223,7 +224,9 @@ pub(crate) async fn sweep(
         let (store_plan, owners, converge) = (store_plan.clone(), owners.clone(), converge.clone());
         let before =
             listings.iter().find(|l| l.store == store_plan.store).map(|l| l.images.clone()).unwrap_or_default();
-        running.spawn(async move { (index, execute(&store, &converge, &store_plan, &owners, &before).await) });
+        // In the sweep's span: a spawned task starts outside it.
+        let removing = async move { (index, execute(&store, &converge, &store_plan, &owners, &before).await) };
+        running.spawn(removing.in_current_span());
     }
     let mut outcomes: Vec<(usize, Result<Confirmed, String>)> = running.join_all().await;
     // Stores ran in parallel; their reports are told in store order, so a replay reads the same.
@@ -336,7 +339,7 @@ async fn list_all(held: &[Held], converge: &ConvergeId, workloads: bool, layers:
     let mut listing = JoinSet::new();
     for (index, store) in held.iter().cloned().enumerate() {
         let converge = converge.clone();
-        listing.spawn(async move { (index, list(&store, &converge, workloads, layers).await) });
+        listing.spawn(async move { (index, list(&store, &converge, workloads, layers).await) }.in_current_span());
     }
     let mut reads = listing.join_all().await;
     reads.sort_by_key(|(index, _)| *index);

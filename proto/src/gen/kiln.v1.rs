@@ -1181,6 +1181,14 @@ pub struct Task {
     /// The converge this task serves, for the agent's log spans.
     #[prost(string, tag = "2")]
     pub converge_id: ::prost::alloc::string::String,
+    /// The W3C trace context of the coordinator's span for this task
+    /// (`00-<trace id>-<span id>-<flags>`), so the agent's spans join the converge's trace: the
+    /// stream's metadata was sent once, when the agent connected. Empty when the coordinator does not
+    /// trace; an older agent ignores it, an older coordinator never sets it.
+    ///
+    /// NextId: 14
+    #[prost(string, tag = "13")]
+    pub traceparent: ::prost::alloc::string::String,
     #[prost(oneof = "task::Kind", tags = "3, 4, 5, 6, 7, 8, 9, 10, 11, 12")]
     pub kind: ::core::option::Option<task::Kind>,
 }

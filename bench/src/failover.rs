@@ -149,6 +149,8 @@ fn agent(urls: &str, scratch: &Path) -> tokio::sync::oneshot::Sender<()> {
         cluster: String::new(),
         identity: None,
         metrics: None,
+        health: None,
+        drain_grace: kiln_agent::DRAIN_GRACE,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(kiln_agent::run_with(config, host, async {

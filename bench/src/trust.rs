@@ -157,6 +157,8 @@ fn start_agent(
         cluster: String::new(),
         identity,
         metrics: None,
+        health: None,
+        drain_grace: kiln_agent::DRAIN_GRACE,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     rt.spawn(async move {

@@ -10,9 +10,11 @@
 //!   stream by digest, removes per ref) and [`node::CriNodeStore`] over the CRI alone (removes
 //!   whole ids only).
 //! - [`run`] — the agent's loop: connect, hello, execute tasks (`tasks`), reconnect on the ladder;
-//!   [`run_node`] is the same loop for a node agent. `metrics` is its `/metrics` (`--metrics ADDR`).
+//!   [`run_node`] is the same loop for a node agent. `metrics` is its `/metrics` (`--metrics ADDR`),
+//!   `health` its gRPC health service (`--health ADDR`).
 
 pub mod enroll;
+mod health;
 pub mod host;
 mod metrics;
 pub mod node;
@@ -22,4 +24,7 @@ mod runner;
 pub mod stores;
 mod tasks;
 
-pub use runner::{coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError};
+pub use health::READY_SERVICE;
+pub use runner::{
+    coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError, DRAIN_GRACE,
+};

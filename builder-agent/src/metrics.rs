@@ -176,24 +176,7 @@ pub(crate) async fn start(addr: SocketAddr, metrics: Arc<AgentMetrics>) -> std::
         ([(header::CONTENT_TYPE, content_type)], body)
     };
     let app = axum::Router::new().route("/metrics", axum::routing::get(handler)).with_state(metrics);
-    Ok(Listening(tokio::spawn(async move {
-        let mut connections = tokio::task::JoinSet::new();
-        loop {
-            let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    // Out of file descriptors, most likely: wait rather than spin on the error.
-                    tracing::warn!(error = %err, "metrics accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let service = hyper_util::service::TowerToHyperService::new(app.clone());
-            connections.spawn(async move {
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-            });
-            while connections.try_join_next().is_some() {}
-        }
-    })))
+    let serve =
+        kiln_telemetry::http::serve(listener, move |_| hyper_util::service::TowerToHyperService::new(app.clone()));
+    Ok(Listening(tokio::spawn(serve)))
 }

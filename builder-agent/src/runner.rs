@@ -42,6 +42,10 @@ pub struct AgentConfig {
     pub slots: u32,
     /// Where `/metrics` is served over plain HTTP (`--metrics`); `None`, as in embedded mode: no listener.
     pub metrics: Option<std::net::SocketAddr>,
+    /// Where the standard gRPC health service is served in plaintext (`--health`); `None`: not served.
+    pub health: Option<std::net::SocketAddr>,
+    /// How long running tasks may finish after a shutdown signal before they are handed back.
+    pub drain_grace: Duration,
 }
 
 impl AgentConfig {
@@ -85,6 +89,13 @@ pub enum RunError {
     },
     #[error("agent {agent}: cannot serve /metrics on {addr}")]
     Metrics {
+        agent: String,
+        addr: std::net::SocketAddr,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("agent {agent}: cannot serve grpc.health.v1 on {addr}")]
+    Health {
         agent: String,
         addr: std::net::SocketAddr,
         #[source]
@@ -176,6 +187,14 @@ async fn serve(
         })?),
         None => None,
     };
+    let health = match config.health {
+        Some(addr) => crate::health::Health::start(addr).await.map_err(|err| RunError::Health {
+            agent: config.agent_id.clone(),
+            addr,
+            err,
+        })?,
+        None => crate::health::Health::default(),
+    };
     let mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(shutdown);
     let mut ladder = Ladder::new(LadderConfig::forever(), fastrand::u64(..));
     let mut failing_since: Option<Instant> = None;
@@ -192,7 +211,9 @@ async fn serve(
             let tls = identity.tls().map_err(|err| RunError::Identity { agent: config.agent_id.clone(), err })?;
             endpoint = endpoint.tls_config(tls).map_err(|_| bad_url(&url))?;
         }
-        let why = match session(&config, &url, &endpoint, served.clone(), &metrics, &mut shutdown).await {
+        let ended = session(&config, &url, &endpoint, served.clone(), &metrics, &health, &mut shutdown).await;
+        health.not_ready().await;
+        let why = match ended {
             Session::Stopped => return Ok(()),
             Session::Refused(why) => return Err(RunError::Refused { agent: config.agent_id.clone(), url, why }),
             Session::Standby { active } => {
@@ -230,6 +251,10 @@ async fn serve(
 
 /// How often an agent asks again while a farm fails over.
 const FAILOVER_POLL: Duration = Duration::from_millis(300);
+
+/// How long a shutting-down agent lets its running tasks finish (`--drain-grace`): under the
+/// kubelet's default 30 s termination grace, so the agent hands back what is left before SIGKILL.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(25);
 
 /// The URLs of `--coordinator a,b,c`: a farm's coordinators, of which one is active.
 pub fn coordinator_urls(list: &str) -> Vec<String> {
@@ -309,6 +334,7 @@ async fn session(
     endpoint: &Endpoint,
     served: Served,
     metrics: &Arc<AgentMetrics>,
+    health: &crate::health::Health,
     shutdown: &mut Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> Session {
     let broken = |was_connected, why: String| Session::Broken { was_connected, why };
@@ -358,6 +384,7 @@ async fn session(
         Err(status) => return broken(false, status.message().to_string()),
     };
     tracing::info!(agent = %config.agent_id, %url, "connected to the coordinator");
+    health.connected().await;
     let dispatch = match served {
         Served::Host(store) => Dispatch::Host(Arc::new(tasks::TaskContext {
             store,
@@ -385,17 +412,36 @@ async fn session(
     refresh.tick().await;
     // One look for kind nodes at a time: a daemon slow to answer must not pile them up.
     let mut announcing: Option<tokio::task::JoinHandle<()>> = None;
+    // Set by a shutdown signal: when the drain must end, running tasks or not. It ends sooner
+    // when the coordinator says `Drained`: only it knows whether a delivery is still to come
+    // for an image this agent just built.
+    let mut draining: Option<tokio::time::Instant> = None;
+    // A stream lost while draining ends the agent: it was stopping anyway.
+    let lost = |draining: Option<_>, why: String| match draining {
+        Some(_) => Session::Stopped,
+        None => broken(true, why),
+    };
     loop {
         tokio::select! {
-            _ = &mut *shutdown => {
-                let bye = pb::GoingAway { reason: "agent shutting down".to_string() };
+            _ = &mut *shutdown, if draining.is_none() => {
+                let tasks = running.ids().len();
+                tracing::info!(agent = %config.agent_id, tasks, grace_s = config.drain_grace.as_secs(), "shutting down: finishing running tasks");
+                let reason = format!("agent shutting down; finishing its {tasks} running task(s) within {} s", config.drain_grace.as_secs());
+                let bye = pb::GoingAway { reason };
                 let _ = tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::GoingAway(bye)) }).await;
+                draining = Some(tokio::time::Instant::now() + config.drain_grace);
+                health.not_ready().await;
+            }
+            _ = tokio::time::sleep_until(draining.unwrap_or_else(tokio::time::Instant::now)), if draining.is_some() => {
+                // Dropping `running` stops them; the closed stream hands them back to the
+                // coordinator, which runs them on another agent.
+                tracing::warn!(agent = %config.agent_id, tasks = ?running.ids(), "drain grace over: handing back the tasks still running");
                 return Session::Stopped;
             }
             _ = beat.tick() => {
                 let hb = pb::Heartbeat { at_ms: 0, running: running.ids() };
                 if tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Heartbeat(hb)) }).await.is_err() {
-                    return broken(true, "outbound stream closed".to_string());
+                    return lost(draining, "outbound stream closed".to_string());
                 }
             }
             _ = refresh.tick() => {
@@ -405,6 +451,24 @@ async fn session(
                 }
             }
             msg = inbound.message() => match msg {
+                Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Drained(_)) })) if draining.is_some() => {
+                    tracing::info!(agent = %config.agent_id, "drained: the coordinator has nothing left for this agent");
+                    return Session::Stopped;
+                }
+                Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) }))
+                    if draining.is_some() && matches!(task.kind, Some(pb::task::Kind::Build(_))) =>
+                {
+                    // A new build, placed before our `GoingAway` arrived: refused untouched, to
+                    // run elsewhere. Anything else is the rest of work under way here (the
+                    // delivery of an image this agent built) and runs.
+                    let error = pb::TaskError {
+                        kind: pb::task_error::Kind::Draining as i32,
+                        message: format!("agent {} is shutting down and takes no new task", config.agent_id),
+                        step: 0,
+                    };
+                    let result = pb::TaskResult { task_id: task.task_id, outcome: Some(pb::task_result::Outcome::Error(error)) };
+                    let _ = tx.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Result(result)) }).await;
+                }
                 Ok(Some(pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) })) => {
                     let id = task.task_id.clone();
                     let work: Pin<Box<dyn Future<Output = ()> + Send>> = match &dispatch {
@@ -419,8 +483,8 @@ async fn session(
                     }
                 }
                 Ok(Some(_)) => {}
-                Ok(None) => return broken(true, "the coordinator closed the stream".to_string()),
-                Err(status) => return broken(true, status.message().to_string()),
+                Ok(None) => return lost(draining, "the coordinator closed the stream".to_string()),
+                Err(status) => return lost(draining, status.message().to_string()),
             }
         }
     }

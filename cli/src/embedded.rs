@@ -88,6 +88,10 @@ impl Embedded {
                 identity: None,
                 // No listener of its own: a developer's `kiln up` opens no port it does not need.
                 metrics: None,
+                health: None,
+                // The coordinator stops with it, and the CLI stops them only once its converge
+                // ended: nothing is left to drain, and waiting would slow every command's exit.
+                drain_grace: std::time::Duration::ZERO,
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
                 let _ = stopped.await;

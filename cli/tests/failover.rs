@@ -118,6 +118,8 @@ fn agent(urls: &str, scratch: &Path) -> (Arc<SimHost>, tokio::sync::oneshot::Sen
         cluster: String::new(),
         identity: None,
         metrics: None,
+        health: None,
+        drain_grace: kiln_agent::DRAIN_GRACE,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn kiln_agent::host::HostStore> = host.clone();

@@ -9,7 +9,7 @@ use crate::model::{AgentId, AgentRole, AgentRow};
 use crate::state::StateStore;
 use kiln_proto::v1 as pb;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
@@ -36,6 +36,9 @@ pub struct Hub {
     /// The build queue: host agents join it as they connect.
     pub schedule: Arc<crate::schedule::Scheduler>,
 }
+
+/// How often a draining agent's stream looks whether anything is left for it.
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
 impl std::fmt::Debug for Hub {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -72,6 +75,8 @@ pub struct AgentConn {
     built: Mutex<HashSet<String>>,
     /// A task with no sign of life for this long is given up as stalled.
     deadline: Duration,
+    /// It said `GoingAway`: it finishes what it runs and takes nothing new.
+    draining: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -98,7 +103,14 @@ pub enum TaskFailure {
 impl TaskFailure {
     /// The agent, not the task, failed: the task may run elsewhere.
     pub fn agent_lost(&self) -> bool {
-        matches!(self, TaskFailure::Lost { .. } | TaskFailure::Stalled { .. } | TaskFailure::Empty { .. })
+        matches!(
+            self,
+            TaskFailure::Lost { .. }
+                | TaskFailure::Stalled { .. }
+                | TaskFailure::Empty { .. }
+                // A task that reached a draining agent before its `GoingAway` reached us.
+                | TaskFailure::Failed { kind: pb::task_error::Kind::Draining, .. }
+        )
     }
 }
 
@@ -281,9 +293,10 @@ impl Hub {
         }
     }
 
-    /// Connected agents, in id order.
+    /// Connected agents that take work, in id order: a draining one is left out.
     pub fn connected(&self) -> Vec<Arc<AgentConn>> {
-        let mut all: Vec<_> = self.agents.lock().unwrap().values().cloned().collect();
+        let mut all: Vec<_> =
+            self.agents.lock().unwrap().values().filter(|a| !a.draining.load(Ordering::Relaxed)).cloned().collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }
@@ -535,6 +548,7 @@ impl pb::agent_hub_server::AgentHub for HubService {
             held: Mutex::new(HashSet::new()),
             built: Mutex::new(HashSet::new()),
             deadline: hub.deadline,
+            draining: Default::default(),
         });
         if let Err(err) = hub.store.upsert_agent(conn.row()).await {
             tracing::warn!(agent = %conn.id, error = %err, "could not record agent");
@@ -543,18 +557,34 @@ impl pb::agent_hub_server::AgentHub for HubService {
         tracing::info!(agent = %conn.id, role = %role, "agent connected");
         tokio::spawn(async move {
             let lease = hub.lease;
+            let mut told_drained = false;
             loop {
+                let draining = conn.draining.load(Ordering::Relaxed) && !told_drained;
                 let message = tokio::select! {
                     message = tokio::time::timeout(lease, inbound.message()) => message,
                     () = conn.closed.notified() => break,
+                    () = tokio::time::sleep(DRAIN_CHECK), if draining => {
+                        // Nothing running and no slot held for a delivery still to come: it may go.
+                        if conn.pending.lock().unwrap().is_empty() && !hub.schedule.holds_slot(&conn.id) {
+                            tracing::info!(agent = %conn.id, "agent drained: nothing left for it");
+                            let drained = pb::coordinator_message::Body::Drained(pb::Drained {});
+                            let _ = conn.tx.send(Ok(pb::CoordinatorMessage { body: Some(drained) })).await;
+                            told_drained = true;
+                        }
+                        continue;
+                    }
                 };
                 match message {
                     Ok(Ok(Some(msg))) => {
                         conn.last_seen_ms.store(now_ms(), Ordering::Relaxed);
                         match msg.body {
                             Some(pb::agent_message::Body::GoingAway(bye)) => {
-                                tracing::info!(agent = %conn.id, reason = %bye.reason, "agent going away");
-                                break;
+                                // It finishes its running tasks (their results still come on this
+                                // stream) and closes the stream itself; nothing new is placed on it.
+                                tracing::info!(agent = %conn.id, reason = %bye.reason, "agent draining");
+                                conn.draining.store(true, Ordering::Relaxed);
+                                hub.schedule.left(&conn);
+                                hub.changed.notify_waiters();
                             }
                             Some(pb::agent_message::Body::Stores(mut stores)) => {
                                 stores.stores = own_stores(&principal, stores.stores);

@@ -17,10 +17,12 @@
 //! - [`sweep`] — the reachability planner: listings + roots + policy → removals. Property-tested.
 //! - [`farm`] — the farm id every image Kiln builds is labeled with.
 //! - [`retry`] — the capped backoff ladder every cross-process call uses.
+//! - [`duration`] — `90s`, `30m`, `12h`, `30d` as every binary's flags read them.
 
 pub mod archive;
 pub mod digest;
 pub mod dockerfile;
+pub mod duration;
 pub mod farm;
 pub mod ignore;
 pub mod manifest;

@@ -1,6 +1,7 @@
 //! `kiln-telemetry`: how `kiln`, `kiln-coordinator` and `kiln-agent` log and trace. Start at
 //! [`init`], which each binary calls first in `main`, and [`Telemetry::shutdown`], which it calls
-//! last; [`propagate`] carries a trace across processes (gRPC metadata, a task's `traceparent`).
+//! last; [`propagate`] carries a trace across processes (gRPC metadata, a task's `traceparent`);
+//! [`http`] is the plain-HTTP listener loop of `/metrics` and the status page.
 //!
 //! Traces are exported by OTLP over gRPC only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set; otherwise
 //! no exporter is built and Kiln's spans cost a disabled callsite each. The exporter reads the
@@ -11,6 +12,7 @@
 //! on each other.
 
 mod command;
+pub mod http;
 pub mod propagate;
 
 use opentelemetry::trace::TracerProvider as _;

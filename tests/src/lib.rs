@@ -16,6 +16,7 @@ pub mod http;
 pub mod kind;
 pub mod otlp;
 pub mod postgres;
+pub mod process;
 pub mod registry;
 pub mod sim;
 pub mod trust;
@@ -269,6 +270,8 @@ impl Farm {
             cluster: String::new(),
             identity: None,
             metrics: self.agent_metrics,
+            health: None,
+            drain_grace: kiln_agent::DRAIN_GRACE,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -294,6 +297,8 @@ impl Farm {
             cluster: cluster.to_string(),
             identity: None,
             metrics: None,
+            health: None,
+            drain_grace: kiln_agent::DRAIN_GRACE,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

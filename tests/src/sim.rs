@@ -292,6 +292,8 @@ impl SimFarm {
             cluster: String::new(),
             identity: None,
             metrics: None,
+            health: None,
+            drain_grace: kiln_agent::DRAIN_GRACE,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let shared: Arc<dyn HostStore> = store.clone();

@@ -161,13 +161,16 @@ async fn a_coordinator_killed_mid_converge_keeps_its_records_and_reports_the_con
             }
             seen.push(event.kind());
             if event.kind() == Kind::Building {
-                return (seen, event.converge_id);
+                // The stream goes back with the id: dropping it here would be a client going
+                // away, and the coordinator would cancel (and release the claims) before the crash.
+                return (stream, event.converge_id);
             }
         }
         panic!("the converge never started building: {seen:?}");
     });
-    let (_, converge_id) = client.await.unwrap();
+    let (stream, converge_id) = client.await.unwrap();
     farm.crash_coordinator();
+    drop(stream);
     farm.restart_coordinator().await;
 
     let st = status(&farm.url, &instance).await;

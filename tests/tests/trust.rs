@@ -188,6 +188,8 @@ async fn start_agent(farm: &TrustedFarm, id: &str, dir: &std::path::Path) -> tok
         cluster: String::new(),
         identity: Some(kiln_agent::enroll::Identity::in_dir(dir)),
         metrics: None,
+        health: None,
+        drain_grace: kiln_agent::DRAIN_GRACE,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -470,6 +472,8 @@ async fn a_member_cannot_cancel_another_teams_running_converge() {
         cluster: String::new(),
         identity: Some(kiln_agent::enroll::Identity::in_dir(&dir)),
         metrics: None,
+        health: None,
+        drain_grace: kiln_agent::DRAIN_GRACE,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: std::sync::Arc<dyn kiln_agent::host::HostStore> = host.clone();

@@ -217,6 +217,8 @@ impl Farm {
             cluster: String::new(),
             identity: None,
             metrics: None,
+            health: None,
+            drain_grace: kiln_agent::DRAIN_GRACE,
         };
         let (agent_stop, stopped) = oneshot::channel::<()>();
         let host: Arc<dyn HostStore> = store.clone();

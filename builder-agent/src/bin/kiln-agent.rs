@@ -51,6 +51,16 @@ struct Args {
     /// `127.0.0.1:7072`. Off unless given; unauthenticated, so bind it where only the scraper reaches.
     #[arg(long, value_name = "ADDR", env = "KILN_METRICS")]
     metrics: Option<std::net::SocketAddr>,
+    /// Serve the standard gRPC health service in plaintext on this address, e.g. `0.0.0.0:7073`:
+    /// `""` answers while the agent runs (liveness), `kiln.v1.AgentHub` while it is connected to
+    /// the active coordinator and not draining (readiness). Off unless given.
+    #[arg(long, value_name = "ADDR", env = "KILN_HEALTH")]
+    health: Option<std::net::SocketAddr>,
+    /// After SIGTERM or SIGINT, how long running tasks may finish before the agent hands them back
+    /// to the coordinator (which runs them elsewhere) and exits: 90s, 2m. Keep it under the
+    /// process manager's own grace (the kubelet's default is 30 s).
+    #[arg(long, default_value = "25s", value_parser = kiln_core::duration::parse, env = "KILN_DRAIN_GRACE")]
+    drain_grace: std::time::Duration,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +118,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         identity: tls.then_some(identity),
         slots: args.slots,
         metrics: args.metrics,
+        health: args.health,
+        drain_grace: args.drain_grace,
     };
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");

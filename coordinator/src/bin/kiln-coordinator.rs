@@ -61,7 +61,7 @@ enum Command {
         #[arg(long)]
         cluster: Option<String>,
         /// How long the join token stays usable: 90s, 30m, 1h, 1d.
-        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        #[arg(long, default_value = "1h", value_parser = kiln_core::duration::parse)]
         expires: Duration,
     },
     /// Enrolled agents.
@@ -74,7 +74,7 @@ enum Command {
         #[arg(long, env = "KILN_STATE")]
         state: PathBuf,
         /// Only entries this recent: 90s, 30m, 1h, 1d.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = kiln_core::duration::parse)]
         since: Option<Duration>,
     },
 }
@@ -92,7 +92,7 @@ enum TokenCommand {
         #[arg(long)]
         team: Option<String>,
         /// How long it stays valid: 90s, 30m, 12h, 30d. Default: until revoked.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = kiln_core::duration::parse)]
         expires: Option<Duration>,
     },
     /// List every token (never their secrets).
@@ -165,11 +165,11 @@ struct ServeArgs {
     max_upload_bytes: u64,
     /// A task whose agent shows no sign of it this long (no progress, and its heartbeats do not
     /// name it) is given up, and a build queued again elsewhere: `30s`, `2m`.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, env = "KILN_TASK_DEADLINE")]
+    #[arg(long, default_value = "30s", value_parser = kiln_core::duration::parse, env = "KILN_TASK_DEADLINE")]
     task_deadline: Duration,
     /// How long a build waits for a warm agent (one holding its image or having built its
     /// context) before it takes any free one: `2s`; `0` never waits.
-    #[arg(long, default_value = "2s", value_parser = parse_duration, env = "KILN_AFFINITY_WAIT")]
+    #[arg(long, default_value = "2s", value_parser = kiln_core::duration::parse, env = "KILN_AFFINITY_WAIT")]
     affinity_wait: Duration,
     /// The URL agents and clients reach this coordinator by, e.g. `https://coord-a.farm:7070`: a
     /// standby names it to callers that reached the standby instead. Default: the scheme and the
@@ -178,27 +178,13 @@ struct ServeArgs {
     advertise: Option<String>,
     /// How long the farm's lease lives without renewal (PostgreSQL state): how long a dead active
     /// coordinator keeps the farm waiting before a standby takes over. Renewed every third of it.
-    #[arg(long, default_value = "6s", value_parser = parse_duration, env = "KILN_LEASE_TTL")]
+    #[arg(long, default_value = "6s", value_parser = kiln_core::duration::parse, env = "KILN_LEASE_TTL")]
     lease_ttl: Duration,
     /// Serve the status page (`/`) and `/metrics` (Prometheus) over plain HTTP on this address,
     /// e.g. `127.0.0.1:7071`. Off unless given. With TLS the page asks for a user token at
     /// `/login`; `/metrics` is unauthenticated. Plain HTTP: bind loopback or put a TLS proxy in front.
     #[arg(long, value_name = "ADDR", env = "KILN_HTTP")]
     http: Option<std::net::SocketAddr>,
-}
-
-/// `90s`, `30m`, `12h`, `30d`, or bare seconds.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90s, 30m, 12h or 30d"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86_400,
-        _ => return Err(format!("{text:?}: the unit must be s, m, h or d")),
-    };
-    Ok(Duration::from_secs(secs))
 }
 
 /// `postgres://…` or `postgresql://…`, as libpq spells them; anything else is a directory.

@@ -135,6 +135,11 @@ impl Scheduler {
         self.dispatch();
     }
 
+    /// Whether a build slot on `agent` is held: a build, or the delivery that follows it in the same slot.
+    pub fn holds_slot(&self, agent: &str) -> bool {
+        self.state.lock().unwrap().running.values().any(|(_, on, _)| on == agent)
+    }
+
     /// A host agent's stream ended.
     pub fn left(self: &Arc<Self>, conn: &Arc<AgentConn>) {
         let mut state = self.state.lock().unwrap();

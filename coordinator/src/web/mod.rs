@@ -27,7 +27,6 @@ use axum::{middleware, Extension, Form, Json, Router};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::engine::Engine;
 use crate::model::ConvergeId;
@@ -283,31 +282,16 @@ async fn protect(mut response: Response) -> Response {
     response
 }
 
-/// Accepts until dropped. Connections live in a `JoinSet`, so they end with the listener rather
-/// than outliving the coordinator on a scraper's (or a browser's) keep-alive.
+/// Accepts until dropped; each request carries its peer's address for the audit log.
 async fn serve(listener: TcpListener, app: Router) {
-    let mut connections = JoinSet::new();
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                // Out of file descriptors, most likely: wait rather than spin on the error.
-                tracing::warn!(error = %err, "HTTP accept failed");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+    kiln_telemetry::http::serve(listener, move |peer| {
         let app = app.clone();
-        let service = hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
             request.extensions_mut().insert(PeerAddr(peer));
             tower::ServiceExt::oneshot(app.clone(), request)
-        });
-        connections.spawn(async move {
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-        });
-        while connections.try_join_next().is_some() {}
-    }
+        })
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -1136,7 +1136,7 @@ pub struct GoingAway {
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CoordinatorMessage {
-    #[prost(oneof = "coordinator_message::Body", tags = "1, 2, 3")]
+    #[prost(oneof = "coordinator_message::Body", tags = "1, 2, 3, 4")]
     pub body: ::core::option::Option<coordinator_message::Body>,
 }
 /// Nested message and enum types in `CoordinatorMessage`.
@@ -1150,8 +1150,18 @@ pub mod coordinator_message {
         Task(super::Task),
         #[prost(message, tag = "3")]
         Cancel(super::Cancel),
+        #[prost(message, tag = "4")]
+        Drained(super::Drained),
     }
 }
+/// After an agent's `GoingAway`: the coordinator has nothing left for it — no task running and no
+/// build slot held for a delivery still to come — so it may exit. An agent that never hears it
+/// exits when its drain grace runs out.
+///
+/// NextId: 1
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct Drained {}
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Welcome {
@@ -1472,6 +1482,9 @@ pub mod task_error {
         /// Docker's classic builder lost a cached step's image mid-build (another sweep or `docker rmi`
         /// on the same daemon): building once more succeeds.
         CacheVanished = 8,
+        /// The agent is shutting down (it sent `GoingAway`) and took no new task: nothing was done,
+        /// so the task may run on another agent.
+        Draining = 9,
     }
     impl Kind {
         /// String value of the enum field names used in the ProtoBuf definition.
@@ -1489,6 +1502,7 @@ pub mod task_error {
                 Self::Cancelled => "KIND_CANCELLED",
                 Self::StoreUnreachable => "KIND_STORE_UNREACHABLE",
                 Self::CacheVanished => "KIND_CACHE_VANISHED",
+                Self::Draining => "KIND_DRAINING",
             }
         }
         /// Creates an enum from field names used in the ProtoBuf definition.
@@ -1503,6 +1517,7 @@ pub mod task_error {
                 "KIND_CANCELLED" => Some(Self::Cancelled),
                 "KIND_STORE_UNREACHABLE" => Some(Self::StoreUnreachable),
                 "KIND_CACHE_VANISHED" => Some(Self::CacheVanished),
+                "KIND_DRAINING" => Some(Self::Draining),
                 _ => None,
             }
         }

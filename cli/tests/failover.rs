@@ -5,13 +5,14 @@
 //! binaries over real gRPC.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_coordinator::model::{ConvergeState, TokenRow};
 use kiln_coordinator::state::{PostgresStore, StateStore};
 use kiln_e2e::postgres::Postgres;
+use kiln_e2e::process::Proc;
 use kiln_e2e::sim::{write_instance, SimHost};
 
 /// A binary of this workspace, built beside `kiln` by `cargo test --workspace`.
@@ -26,7 +27,7 @@ const TAKEOVER: Duration = Duration::from_secs(15);
 
 /// A `kiln-coordinator` process on a free loopback port, stopped by its PID when dropped.
 struct Coordinator {
-    child: Child,
+    proc: Proc,
     url: String,
     /// Its plain-HTTP listener (`--http`): `/readyz` for the kubelet.
     http: String,
@@ -39,15 +40,12 @@ impl Coordinator {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let http = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let data = tempfile::tempdir().unwrap();
-        let child = Command::new(bin("kiln-coordinator"))
-            .args(["--dev", "--farm", "failover", "--lease-ttl", ttl, "--affinity-wait", "0"])
+        let mut cmd = Command::new(bin("kiln-coordinator"));
+        cmd.args(["--dev", "--farm", "failover", "--lease-ttl", ttl, "--affinity-wait", "0"])
             .args(["--state", database, "--data-dir", data.path().to_str().unwrap()])
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &http])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        Coordinator { child, url: format!("http://127.0.0.1:{port}"), http, _data: data }
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--http", &http]);
+        let proc = Proc::spawn("kiln-coordinator", cmd);
+        Coordinator { proc, url: format!("http://127.0.0.1:{port}"), http, _data: data }
     }
 
     /// The status line's code of `GET /readyz` (what the kubelet's readiness probe asks).
@@ -61,31 +59,12 @@ impl Coordinator {
     }
 
     fn signal(&self, signal: &str) {
-        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success(), "kill {signal} {}", self.child.id());
+        self.proc.signal(signal);
     }
 
     /// Its exit status and everything it wrote to stderr, once it exits (within `within`).
     fn exit(&mut self, within: Duration) -> Option<(std::process::ExitStatus, String)> {
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                let mut err = String::new();
-                use std::io::Read;
-                let _ = self.child.stderr.take().unwrap().read_to_string(&mut err);
-                return Some((status, err));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        None
-    }
-}
-
-impl Drop for Coordinator {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-CONT", &self.child.id().to_string()]).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.exit(within)
     }
 }
 

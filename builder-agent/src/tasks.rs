@@ -29,7 +29,28 @@ pub(crate) struct TaskContext {
     pub metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
-pub(crate) type TaskResult = Result<Outcome, (ErrorKind, String)>;
+pub(crate) type TaskResult = Result<Outcome, Refusal>;
+
+/// A task that failed, as the coordinator gets it: typed, so it decides by the kind (and a failed
+/// build's step), never by the words.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// A failed build: the 1-based step of its Dockerfile that failed, when the builder said; 0 otherwise.
+    pub step: u32,
+}
+
+/// A task's answer refusing with `kind` and `message`.
+pub(crate) fn refuse<T>(why: (ErrorKind, String)) -> Result<T, Refusal> {
+    Err(why.into())
+}
+
+impl From<(ErrorKind, String)> for Refusal {
+    fn from((kind, message): (ErrorKind, String)) -> Refusal {
+        Refusal { kind, message, step: 0 }
+    }
+}
 
 fn failed(err: impl std::fmt::Display) -> (ErrorKind, String) {
     (ErrorKind::Failed, err.to_string())
@@ -92,11 +113,11 @@ async fn run(ctx: Arc<TaskContext>, task: pb::Task) {
         Some(pb::task::Kind::KindLoad(k)) => kind_load(&ctx, k).await,
         Some(pb::task::Kind::Tag(t)) => tag(&ctx, t).await,
         Some(pb::task::Kind::Probe(p)) => probe(p).await,
-        Some(pb::task::Kind::Import(_)) => Err((
+        Some(pb::task::Kind::Import(_)) => refuse((
             ErrorKind::Unsupported,
             format!("host agent {} does not import — send imports to a node agent", ctx.agent_id),
         )),
-        None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
+        None => refuse((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
     if let Ok(outcome) = &result {
         let store = if store.is_empty() { crate::stores::host_store_id(&ctx.agent_id) } else { store };
@@ -109,7 +130,7 @@ async fn run(ctx: Arc<TaskContext>, task: pb::Task) {
 pub(crate) async fn answer(out: &mpsc::Sender<pb::AgentMessage>, task_id: String, result: TaskResult) {
     let outcome = match result {
         Ok(outcome) => outcome,
-        Err((kind, message)) => Outcome::Error(pb::TaskError { kind: kind as i32, message, step: 0 }),
+        Err(Refusal { kind, message, step }) => Outcome::Error(pb::TaskError { kind: kind as i32, message, step }),
     };
     let result = pb::TaskResult { task_id, outcome: Some(outcome) };
     let _ = out.send(pb::AgentMessage { body: Some(pb::agent_message::Body::Result(result)) }).await;
@@ -177,7 +198,7 @@ impl<T> Drop for AbortOnDrop<T> {
 }
 
 /// A failed build, typed for the coordinator: it decides by the kind, never by the words.
-fn build_error(err: &HostError) -> (ErrorKind, String) {
+fn build_error(err: &HostError) -> Refusal {
     let message = kiln_core::error_chain(err);
     let kind = match err {
         // Docker's classic builder, when a cached step's image was removed under it mid-build.
@@ -188,7 +209,11 @@ fn build_error(err: &HostError) -> (ErrorKind, String) {
         }
         _ => ErrorKind::Failed,
     };
-    (kind, message)
+    let step = match err {
+        HostError::BuildFailed { step, .. } => crate::host::step_number(step).unwrap_or(0),
+        _ => 0,
+    };
+    Refusal { kind, message, step }
 }
 
 async fn download(ctx: &TaskContext, digest: &TreeDigest, archive: &Path) -> Result<(), (ErrorKind, String)> {
@@ -226,13 +251,13 @@ async fn push(ctx: &TaskContext, task_id: &str, p: pb::PushTask) -> TaskResult {
                     tokio::time::sleep(sleep).await;
                 }
                 None => {
-                    return Err(failed(format!(
+                    return refuse(failed(format!(
                         "{why} — gave up after {attempts} attempts in {} s",
                         started.elapsed().as_secs()
                     )))
                 }
             },
-            Err(PushError::Other(err)) => return Err(err),
+            Err(PushError::Other(err)) => return refuse(err),
             Ok(outcome) => {
                 if attempts > 1 {
                     // ADR-0042's line, where the converge shows it, when the retry cost something.
@@ -398,12 +423,12 @@ async fn export(ctx: &TaskContext, e: pb::ExportTask) -> TaskResult {
     match ctx.store.inspect(&e.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))? {
         Some(info) if e.image_id.is_empty() || info.id == e.image_id => {}
         Some(info) => {
-            return Err((
+            return refuse((
                 ErrorKind::ImageGone,
                 format!("{} names {} on this host now, not {}", e.reference, info.id, e.image_id),
             ))
         }
-        None => return Err((ErrorKind::ImageGone, format!("{} left this host before its export", e.reference))),
+        None => return refuse((ErrorKind::ImageGone, format!("{} left this host before its export", e.reference))),
     }
     let archive = ctx.store.export(&e.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))?;
     let (tx, rx) = mpsc::channel::<pb::RelayChunk>(4);
@@ -425,7 +450,7 @@ async fn export(ctx: &TaskContext, e: pb::ExportTask) -> TaskResult {
     let chunks = tokio_stream::wrappers::ReceiverStream::new(rx);
     let put = ctx.relay.clone().put(traced(chunks)).await;
     if let Ok(Err(err)) = pump.await {
-        return Err(failed(kiln_core::error_chain(&err)));
+        return refuse(failed(kiln_core::error_chain(&err)));
     }
     let reply = put.map_err(|s| failed(format!("the coordinator's relay refused the archive: {}", s.message())))?;
     Ok(Outcome::Exported(pb::Exported { bytes: reply.into_inner().bytes }))
@@ -437,7 +462,10 @@ async fn kind_load(ctx: &TaskContext, k: pb::KindLoadTask) -> TaskResult {
     match ctx.store.inspect(&k.reference).await.map_err(|err| failed(kiln_core::error_chain(&err)))? {
         Some(info) if info.id == k.image_id => {}
         _ => {
-            return Err((ErrorKind::ImageGone, format!("{} no longer names {} on this host", k.reference, k.image_id)))
+            return refuse((
+                ErrorKind::ImageGone,
+                format!("{} no longer names {} on this host", k.reference, k.image_id),
+            ))
         }
     }
     let load = ctx

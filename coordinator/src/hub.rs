@@ -93,7 +93,13 @@ pub enum TaskFailure {
     #[error("agent {agent} went away while running the task — its stream broke or it was silent past its lease")]
     Lost { agent: String },
     #[error("agent {agent}: {message}")]
-    Failed { agent: String, kind: pb::task_error::Kind, message: String },
+    Failed {
+        agent: String,
+        kind: pb::task_error::Kind,
+        message: String,
+        /// A failed build: the Dockerfile's 1-based step that failed, when the builder said.
+        step: Option<u32>,
+    },
     #[error("agent {agent} answered a task without an outcome")]
     Empty { agent: String },
     #[error("agent {agent} showed no sign of the task for {secs} s (no progress, and its heartbeats do not name it); given up")]
@@ -238,7 +244,8 @@ impl AgentConn {
         match result {
             Err(_) => Err(TaskFailure::Lost { agent }),
             Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Error(e)), .. }) => {
-                Err(TaskFailure::Failed { agent, kind: e.kind(), message: e.message })
+                let step = (e.step > 0).then_some(e.step);
+                Err(TaskFailure::Failed { agent, kind: e.kind(), message: e.message, step })
             }
             Ok(pb::TaskResult { outcome: Some(outcome), .. }) => Ok(outcome),
             Ok(pb::TaskResult { outcome: None, .. }) => Err(TaskFailure::Empty { agent }),

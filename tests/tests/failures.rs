@@ -45,6 +45,10 @@ async fn a_failed_build_leaves_the_record_and_shows_the_failing_step() {
     assert_eq!(failed.len(), 1, "{events:#?}");
     assert_eq!(failed[0].image, "app");
     assert!(failed[0].message.contains("COPY missing.txt"), "the error shows the failing step: {}", failed[0].message);
+    // The agent typed the step's number (TaskError.step) and the coordinator says it: 2 as
+    // BuildKit counts (no step for `FROM scratch`), 3 as the classic builder does.
+    let message = &failed[0].message;
+    assert!(message.contains("failed at build step 2:") || message.contains("failed at build step 3:"), "{message}");
     assert!(events.last().unwrap().outcome() == pb::Outcome::Failed);
 
     let st = status(&farm.url, &instance).await;

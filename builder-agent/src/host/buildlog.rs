@@ -48,9 +48,36 @@ impl BuildLog {
     }
 }
 
+/// The 1-based number of the step a failed build's `step` text names: `Step 2/3 : COPY …` (the
+/// classic builder), `[2/3] RUN …` or `[stage-1 2/3] RUN …` (BuildKit). `None` for a failure
+/// before any step ran, or a BuildKit vertex of its own (`[internal] load …`).
+pub fn step_number(step: &str) -> Option<u32> {
+    // The text after ` — ` is the daemon's message, which may hold fractions of its own.
+    let named = step.split(" — ").next().unwrap_or(step);
+    let first = named.split_whitespace().take(3).find_map(|word| {
+        let (n, of) = word.trim_matches(|c| c == '[' || c == ']' || c == ':').split_once('/')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        (digits(n) && digits(of)).then(|| n.parse::<u32>().ok()).flatten()
+    })?;
+    (first > 0).then_some(first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_step_s_number_is_read_from_either_builder_s_spelling() {
+        assert_eq!(step_number("Step 2/3 : COPY missing.txt / — COPY failed: no source files"), Some(2));
+        assert_eq!(
+            step_number("[2/2] RUN false — process \"/bin/sh -c false\" did not complete: exit code 1/2"),
+            Some(2)
+        );
+        assert_eq!(step_number("[stage-1 3/4] RUN make — exit code 2"), Some(3));
+        assert_eq!(step_number("its start (before any step ran) — dockerfile parse error on line 1/2"), None);
+        assert_eq!(step_number("[internal] load build definition from Dockerfile — 1/1 failed"), None);
+        assert_eq!(step_number("its end — the daemon reported success, but no image wears the tag"), None);
+    }
 
     #[test]
     fn fragments_are_reassembled_into_lines() {

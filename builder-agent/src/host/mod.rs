@@ -22,6 +22,7 @@ mod layers;
 mod push;
 mod verify;
 
+pub(crate) use buildlog::step_number;
 pub use docker::DockerStore;
 pub use error::HostError;
 pub use kind::{KindLoad, KindNode, KIND_CLUSTER_LABEL};

@@ -9,7 +9,7 @@
 //! store now holds, not what the calls returned.
 
 use super::{ImportSpec, NodeStore, Removal, RemovalMode};
-use crate::tasks::{answer, listing, TaskResult};
+use crate::tasks::{answer, listing, refuse, TaskResult};
 use kiln_core::error_chain as chain;
 use kiln_proto::v1 as pb;
 use pb::task_error::Kind as ErrorKind;
@@ -41,14 +41,14 @@ async fn run(ctx: Arc<NodeContext>, task: pb::Task) {
         Some(pb::task::Kind::List(l)) => list(store, l).await,
         Some(pb::task::Kind::Remove(r)) => remove(store, r).await,
         Some(pb::task::Kind::Import(i)) => import(&ctx, i).await,
-        Some(_) => Err((
+        Some(_) => refuse((
             ErrorKind::Unsupported,
             format!(
                 "node agent on {} only lists, imports and removes — send builds, pushes, exports and inspections to a host agent",
                 store.describe()
             ),
         )),
-        None => Err((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
+        None => refuse((ErrorKind::Unsupported, "this agent does not know that kind of task — upgrade it".to_string())),
     };
     if let Ok(outcome) = &result {
         ctx.metrics.answered(&ctx.store_id, outcome);

@@ -366,7 +366,15 @@ impl Engine {
                 if let TaskFailure::Failed { kind: pb::task_error::Kind::ContextMismatch, .. } = err {
                     self.contexts.forget(&inputs.context).await;
                 }
-                Err(BuildError::Failed(Failure::of(name, format!("build of {} failed: {err}", d.image.reference))))
+                // The step as the agent typed it: the builder's count (BuildKit's leaves out a
+                // `FROM scratch`, the classic builder's counts every instruction).
+                let at = match &err {
+                    TaskFailure::Failed { kind: pb::task_error::Kind::BuildFailed, step: Some(step), .. } => {
+                        format!(" at build step {step}")
+                    }
+                    _ => String::new(),
+                };
+                Err(BuildError::Failed(Failure::of(name, format!("build of {} failed{at}: {err}", d.image.reference))))
             }
         }
     }

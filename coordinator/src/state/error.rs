@@ -105,12 +105,8 @@ pub enum StateError {
         active_text(.active)
     )]
     NotLeader { active: Option<String> },
-    #[error("the state store's worker thread stopped while {what}")]
-    Worker {
-        what: String,
-        #[source]
-        err: tokio::task::JoinError,
-    },
+    #[error("the state store's writer stopped while {what}")]
+    Writer { what: String },
 }
 
 fn generation_text(generation: &Option<Generation>) -> String {

@@ -109,7 +109,7 @@ pub(super) fn delete_context_unless_claimed(
     now_ms: u64,
 ) -> Result<bool, StateError> {
     let what = || format!("collecting context {digest}");
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     let claimed: bool = tx
         .query_row(
             "SELECT EXISTS (SELECT 1 FROM claims WHERE reference = ?1 AND expires_ms > ?2)",

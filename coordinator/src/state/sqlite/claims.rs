@@ -2,7 +2,7 @@
 //! root until its lease runs out. Only a running converge may claim or renew: claims taken for a
 //! converge that already finished would hold images nobody is going to use.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 
 use super::converges::state_of;
 use super::Ctx;
@@ -16,7 +16,7 @@ pub(super) fn claim(
     expires_ms: u64,
 ) -> Result<(), StateError> {
     let what = || format!("claiming refs for converge {id}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     require_running(&tx, id)?;
     {
         let mut stmt = tx
@@ -34,7 +34,7 @@ pub(super) fn claim(
 
 pub(super) fn renew(conn: &mut Connection, id: &ConvergeId, expires_ms: u64) -> Result<usize, StateError> {
     let what = || format!("renewing the claims of converge {id}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     require_running(&tx, id)?;
     let renewed =
         tx.execute("UPDATE claims SET expires_ms = ?2 WHERE converge_id = ?1", (id.as_str(), expires_ms)).ctx(what)?;
@@ -50,7 +50,7 @@ pub(super) fn release(conn: &mut Connection, id: &ConvergeId) -> Result<(), Stat
 
 pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, StateError> {
     let what = || "listing live claims".to_owned();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     tx.execute("DELETE FROM claims WHERE expires_ms <= ?1", [now_ms]).ctx(what)?;
     let claims = all(&tx)?;
     tx.commit().ctx(what)?;

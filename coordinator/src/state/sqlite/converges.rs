@@ -4,7 +4,7 @@
 //! Event seqs are assigned inside the same kind of transaction, so they are gap-free per converge and
 //! `kiln logs --follow` can resume from the last seq it printed.
 
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension, Row};
 
 use super::{from_json, to_json, Ctx};
 use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
@@ -19,7 +19,7 @@ pub(super) fn open(
     requested_by: &str,
 ) -> Result<Converge, StateError> {
     let what = || format!("opening a converge of instance {instance}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     let running: Option<String> = tx
         .query_row("SELECT id FROM converges WHERE instance = ?1 AND state = 'running'", [instance], |row| row.get(0))
         .optional()
@@ -53,7 +53,7 @@ pub(super) fn append_event(
     message: String,
 ) -> Result<Event, StateError> {
     let what = || format!("appending an event to converge {id}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     if state_of(&tx, id)?.is_none() {
         return Err(StateError::UnknownConverge { id: id.clone() });
     }
@@ -70,7 +70,7 @@ pub(super) fn append_events(
     events: Vec<(EventKind, Option<String>, String)>,
 ) -> Result<Vec<Event>, StateError> {
     let what = || format!("appending events to converge {id}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     if state_of(&tx, id)?.is_none() {
         return Err(StateError::UnknownConverge { id: id.clone() });
     }
@@ -136,7 +136,7 @@ pub(super) fn finish(
         ConvergeState::Succeeded => None,
         ConvergeState::Failed { reason } => Some(reason.as_str()),
     };
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     match state_of(&tx, id)? {
         None => return Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => {}
@@ -170,7 +170,7 @@ pub(super) fn list(conn: &mut Connection, instance: Option<&str>, limit: usize) 
 
 pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
     let what = || "failing converges left running".to_owned();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     let ids: Vec<ConvergeId> = {
         let mut stmt = tx.prepare("SELECT id FROM converges WHERE state = 'running' ORDER BY id").ctx(what)?;
         let ids = stmt.query_map([], |row| row.get::<_, String>(0)).ctx(what)?;

@@ -4,7 +4,8 @@
 //! and every read-modify-write is an `IMMEDIATE` transaction: it takes the write lock before reading,
 //! so two processes cannot both read generation 3 and both write generation 4.
 //!
-//! rusqlite is blocking, so each call runs on tokio's blocking pool behind one `Mutex<Connection>`.
+//! rusqlite is blocking, so one thread owns the connection and runs the calls, committing those that
+//! queue up together in one transaction (`writer`: group commit — one fsync for many writes).
 //!
 //! Leadership is trivially held: one embedded coordinator serves the file (the CLI's home lock sees
 //! to that), so every acquisition succeeds with token 1 and nothing is ever fenced. The lease lives
@@ -17,6 +18,7 @@ mod migrations;
 mod pins;
 mod records;
 mod trust;
+mod writer;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -44,7 +46,7 @@ pub struct SqliteStore {
 }
 
 struct Inner {
-    conn: Mutex<Connection>,
+    writer: writer::Writer,
     clock: Arc<dyn Clock>,
     path: PathBuf,
     applied: Vec<u32>,
@@ -95,7 +97,9 @@ impl SqliteStore {
         }
         let applied = migrations::migrate(&mut conn, &path, clock.now_ms())?;
         let leader = Mutex::new(None);
-        Ok(SqliteStore { inner: Arc::new(Inner { conn: Mutex::new(conn), clock, path, applied, leader }) })
+        let writer = writer::Writer::start(conn, clock.clone(), path.clone())
+            .map_err(|err| StateError::Open { path: path.clone(), err: Box::new(err) })?;
+        Ok(SqliteStore { inner: Arc::new(Inner { writer, clock, path, applied, leader }) })
     }
 
     /// The database file.
@@ -108,25 +112,14 @@ impl SqliteStore {
         &self.inner.applied
     }
 
-    /// Runs `f` on the blocking pool with the connection and the clock's now. `what` names the call
-    /// in errors ("writing the record of instance shop").
+    /// Runs `f` on the writer's thread with the connection and the clock's now, in the next group's
+    /// transaction. `what` names the call in errors ("writing the record of instance shop").
     async fn run<T, F>(&self, what: String, f: F) -> Result<T, StateError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection, u64) -> Result<T, StateError> + Send + 'static,
     {
-        let inner = Arc::clone(&self.inner);
-        let worker_what = what.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            // A panic mid-call rolled its transaction back when the transaction dropped, so the
-            // connection behind a poisoned lock is still consistent.
-            let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
-            let now_ms = inner.clock.now_ms();
-            f(&mut conn, now_ms)
-        })
-        .await
-        .map_err(|err| StateError::Worker { what: worker_what, err })?;
-        result.map_err(|err| self.name_busy(err))
+        self.inner.writer.run(what, f).await.map_err(|err| self.name_busy(err))
     }
 
     /// A lock held by another process past the busy timeout is the one backend failure a user can

@@ -3,7 +3,7 @@
 //! two converges racing on one instance can never both record, and the loser's images are not
 //! silently replaced by the winner's (or the other way round).
 
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension, Row};
 
 use super::{from_json, to_json, Ctx};
 use crate::model::{Generation, Record, RecordedImage};
@@ -49,7 +49,7 @@ pub(super) fn write(
 ) -> Result<Generation, StateError> {
     let what = || format!("writing the record of instance {instance}");
     let images = to_json(&images, what)?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     let actual: Option<u64> = tx
         .query_row("SELECT MAX(generation) FROM records WHERE instance = ?1", [instance], |row| row.get(0))
         .ctx(what)?;

@@ -1,7 +1,7 @@
 //! The trust tables: user tokens and join tokens (hashes only), revoked agents, instance owners,
 //! and the audit log.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, OptionalExtension};
 
 use super::Ctx;
 use crate::model::{AgentRole, AuditRow, JoinRow, Owner, TokenRow};
@@ -69,7 +69,7 @@ pub(super) fn put_join(conn: &mut Connection, j: &JoinRow) -> Result<(), StateEr
 /// token at once cannot both enroll. Returns the row as it was when this call used it.
 pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StateError> {
     let what = || format!("using join token {id}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     let row = tx
         .query_row(
             "SELECT id, hash, role, cluster, created_ms, expires_ms, used_ms FROM join_tokens WHERE id = ?1",
@@ -120,7 +120,7 @@ pub(super) fn revoked_agents(conn: &mut Connection) -> Result<Vec<(String, u64)>
 /// The instance's owner, setting `claim` as it when it has none yet (in one transaction).
 pub(super) fn own(conn: &mut Connection, instance: &str, claim: &Owner) -> Result<Owner, StateError> {
     let what = || format!("reading the owner of instance {instance}");
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(what)?;
+    let tx = conn.savepoint().ctx(what)?;
     tx.execute(
         "INSERT INTO owners (instance, team, user_name) VALUES (?1, ?2, ?3) ON CONFLICT (instance) DO NOTHING",
         (instance, &claim.team, &claim.user),

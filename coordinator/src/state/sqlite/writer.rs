@@ -55,6 +55,7 @@ impl Drop for Writer {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        tracing::debug!(path = %self.path.display(), transactions = self.begun.load(Ordering::Relaxed), "state writer stopped");
     }
 }
 

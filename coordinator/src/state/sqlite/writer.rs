@@ -185,7 +185,7 @@ mod tests {
         let (go, wait) = std::sync::mpsc::channel::<()>();
         let holding = {
             let writer = writer.clone();
-            tokio::spawn(async move { writer.run("holding".into(), move |_, _| Ok(wait.recv().unwrap())).await })
+            tokio::spawn(async move { writer.run("holding".into(), move |_, _| Ok(wait.recv().is_ok())).await })
         };
         let mut calls = tokio::task::JoinSet::new();
         for v in 0..20i64 {
@@ -206,7 +206,7 @@ mod tests {
         }
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         go.send(()).unwrap();
-        holding.await.unwrap().unwrap();
+        assert!(holding.await.unwrap().unwrap(), "the holder was let go");
         let mut ok: Vec<(i64, bool)> = calls.join_all().await;
         ok.sort();
         assert!(ok.iter().all(|(v, ok)| *ok == (*v != 7)), "{ok:?}");

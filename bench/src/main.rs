@@ -11,6 +11,7 @@ mod farm;
 mod observe;
 mod pack;
 mod stat_cache;
+mod state_writes;
 mod sweep_plan;
 mod trust;
 mod upload;
@@ -53,6 +54,8 @@ enum Bench {
     Parallel(farm::ParallelArgs),
     /// What observability costs: a no-op `kiln up` (the binary) with metrics listeners and OTLP traces on vs off.
     Observe(observe::Args),
+    /// The SQLite state under 200 concurrent converges' writes: group commit vs a transaction per call.
+    StateWrites(state_writes::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -70,5 +73,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Parallel(args) => farm::parallel(&args),
         Bench::Failover(args) => failover::run(&args),
         Bench::Observe(args) => observe::run(&args),
+        Bench::StateWrites(args) => state_writes::run(&args),
     }
 }

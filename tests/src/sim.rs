@@ -42,6 +42,9 @@ pub struct SimHost {
     pub hang: AtomicBool,
     /// Builds of tags containing one of these never finish.
     hang_of: Mutex<Vec<String>>,
+    /// Inspections of refs containing one of these wait until [`SimHost::clear_hangs`]: a
+    /// delivery's read-back held in progress.
+    hold_inspects_of: Mutex<Vec<String>>,
 }
 
 impl SimHost {
@@ -56,6 +59,7 @@ impl SimHost {
             fail: Mutex::new(Vec::new()),
             hang: AtomicBool::new(false),
             hang_of: Mutex::new(Vec::new()),
+            hold_inspects_of: Mutex::new(Vec::new()),
         })
     }
 
@@ -73,9 +77,16 @@ impl SimHost {
         self.hang_of.lock().unwrap().push(pattern.to_string());
     }
 
-    /// Builds held by [`SimHost::hang_builds_of`] finish now.
+    /// Inspections of any ref containing `pattern` wait from now on, until [`SimHost::clear_hangs`].
+    pub fn hold_inspects_of(&self, pattern: &str) {
+        self.hold_inspects_of.lock().unwrap().push(pattern.to_string());
+    }
+
+    /// Builds held by [`SimHost::hang_builds_of`] and inspections held by
+    /// [`SimHost::hold_inspects_of`] finish now.
     pub fn clear_hangs(&self) {
         self.hang_of.lock().unwrap().clear();
+        self.hold_inspects_of.lock().unwrap().clear();
     }
 
     /// Every build begun here, in order.
@@ -170,6 +181,9 @@ impl HostStore for SimHost {
     }
 
     async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
+        while self.hold_inspects_of.lock().unwrap().iter().any(|p| reference.contains(p.as_str())) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let images = self.images.lock().unwrap();
         let found = images.values().find(|i| i.refs.iter().any(|r| r == reference) || i.id == reference);
         Ok(found.map(|i| ImageInfo {

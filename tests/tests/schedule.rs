@@ -309,3 +309,32 @@ async fn a_base_builds_first_then_the_images_built_from_it_in_parallel_where_it_
     assert!(a.started < b.finished.unwrap() && b.started < a.finished.unwrap(), "the two children overlapped");
     farm.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ps_says_a_built_image_is_delivering_while_its_delivery_holds_the_slot() {
+    let farm = SimFarm::start(1, 1, Duration::from_millis(10), |_| {}).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("deliver");
+    write_instance(&dir, "deliver-me", None, &[("a", "1")]);
+    // The delivery's read-back (an inspect of the built tag, in the build's slot) waits.
+    farm.agents[0].store.hold_inspects_of("deliver-me");
+    let url = farm.url.clone();
+    let converge = tokio::spawn(async move { wire::up(&url, &dir, false).await });
+    let mut client = farm.client().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let task = loop {
+        let ps = client.ps(pb::PsRequest {}).await.unwrap().into_inner();
+        if let Some(task) = ps.converges.first().and_then(|c| c.tasks.first()).filter(|t| t.state == "delivering") {
+            assert_eq!(ps.busy, 1, "the delivery holds the build's slot: {ps:#?}");
+            break task.clone();
+        }
+        assert!(Instant::now() < deadline, "ps never said delivering: {ps:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(task.agent, farm.agents[0].id);
+    assert_eq!(farm.agents[0].store.builds().len(), 1, "it was built before it was delivering");
+    farm.agents[0].store.clear_hangs();
+    let events = tokio::time::timeout(Duration::from_secs(30), converge).await.expect("it ended").unwrap();
+    assert!(succeeded(&events), "{events:#?}");
+    farm.stop().await;
+}

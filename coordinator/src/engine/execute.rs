@@ -130,6 +130,9 @@ impl Engine {
         let name = d.image.name.as_str();
         let reference = d.image.reference.clone();
         let mut rebuilt = 0;
+        if let Some(grant) = slot {
+            grant.delivering();
+        }
         loop {
             // A sweep elsewhere may take the ref between its build (or held check) and its use:
             // the push finds it gone, or the read-back after a delivery that moves nothing does.

@@ -62,6 +62,18 @@ pub struct Grant {
     seq: u64,
 }
 
+impl Grant {
+    /// The build is done and the image's delivery runs in the same slot: `kiln ps` says so.
+    pub fn delivering(&self) {
+        if let Some(sched) = &self.sched {
+            if let Some(held) = sched.state.lock().unwrap().running.get_mut(&self.seq) {
+                held.delivering = true;
+                held.since = Instant::now();
+            }
+        }
+    }
+}
+
 impl Drop for Grant {
     fn drop(&mut self) {
         if let Some(sched) = self.sched.take() {
@@ -76,6 +88,8 @@ pub struct TaskView {
     pub task: TaskInfo,
     /// Empty while queued.
     pub agent: String,
+    /// Running: its build is done and its delivery runs in the slot.
+    pub delivering: bool,
     pub since: Instant,
     /// Queued: the place in the fair queue (1 = next) and the estimated wait.
     pub position: u32,
@@ -96,12 +110,23 @@ struct State {
     /// Owners with queued tasks, in the order their next turn comes.
     owners: VecDeque<String>,
     queues: HashMap<String, VecDeque<Waiting>>,
-    running: HashMap<u64, (TaskInfo, String, Instant)>,
+    running: HashMap<u64, Held>,
     next_seq: u64,
     /// Turns among equally loaded agents: the next grant starts looking here.
     turn: usize,
     /// A moving average of how long a slot is held, for the wait a queued task is told.
     mean_ms: f64,
+}
+
+/// A granted slot: the task, the agent and since when it is in its phase.
+#[derive(Debug)]
+struct Held {
+    task: TaskInfo,
+    agent: String,
+    /// When the slot was granted: how long slots are held, for the wait a queued task is told.
+    granted: Instant,
+    since: Instant,
+    delivering: bool,
 }
 
 #[derive(Debug)]
@@ -137,7 +162,7 @@ impl Scheduler {
 
     /// Whether a build slot on `agent` is held: a build, or the delivery that follows it in the same slot.
     pub fn holds_slot(&self, agent: &str) -> bool {
-        self.state.lock().unwrap().running.values().any(|(_, on, _)| on == agent)
+        self.state.lock().unwrap().running.values().any(|held| held.agent == agent)
     }
 
     /// A host agent's stream ended.
@@ -199,10 +224,11 @@ impl Scheduler {
         let mut views: Vec<TaskView> = state
             .running
             .values()
-            .map(|(task, agent, since)| TaskView {
-                task: task.clone(),
-                agent: agent.clone(),
-                since: *since,
+            .map(|held| TaskView {
+                task: held.task.clone(),
+                agent: held.agent.clone(),
+                delivering: held.delivering,
+                since: held.since,
                 position: 0,
                 wait: Duration::ZERO,
             })
@@ -210,7 +236,8 @@ impl Scheduler {
         for queue in state.queues.values() {
             for w in queue {
                 let (position, wait) = state.position_of(w.seq).unwrap_or((0, Duration::ZERO));
-                views.push(TaskView { task: w.task.clone(), agent: String::new(), since: w.since, position, wait });
+                let agent = String::new();
+                views.push(TaskView { task: w.task.clone(), agent, delivering: false, since: w.since, position, wait });
             }
         }
         views
@@ -226,8 +253,8 @@ impl Scheduler {
 
     fn release(self: &Arc<Self>, conn: &Arc<AgentConn>, seq: u64) {
         let mut state = self.state.lock().unwrap();
-        if let Some((_, _, since)) = state.running.remove(&seq) {
-            let ms = since.elapsed().as_secs_f64() * 1_000.0;
+        if let Some(held) = state.running.remove(&seq) {
+            let ms = held.granted.elapsed().as_secs_f64() * 1_000.0;
             state.mean_ms = state.mean_ms * 0.9 + ms * 0.1;
         }
         // Only the stream that took the slot gives it back: an agent that connected again
@@ -393,7 +420,10 @@ impl State {
                     let host = self.hosts.get_mut(&id).expect("candidate is a host");
                     host.busy += 1;
                     let grant = Grant { agent: host.conn.clone(), sched: Some(sched.clone()), seq: w.seq };
-                    self.running.insert(w.seq, (w.task.clone(), id.clone(), Instant::now()));
+                    let now = Instant::now();
+                    let held =
+                        Held { task: w.task.clone(), agent: id.clone(), granted: now, since: now, delivering: false };
+                    self.running.insert(w.seq, held);
                     crate::metrics::granted(&w.task.reference);
                     // A receiver gone meanwhile drops the grant here, which frees the slot again.
                     if let Err(Ok(mut grant)) = w.grant.send(Ok(grant)) {

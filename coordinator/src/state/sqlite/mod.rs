@@ -67,10 +67,21 @@ impl SqliteStore {
     /// busy handler being asked (switching to WAL, upgrading a read to a write): that is asked
     /// again for as long as the busy timeout, like every other lock wait.
     pub fn open_with_clock(path: impl AsRef<Path>, clock: Arc<dyn Clock>) -> Result<SqliteStore, StateError> {
+        SqliteStore::open_grouped(path, clock, writer::GROUP)
+    }
+
+    /// A store whose transactions take at most `group` calls — 1 is a transaction per call, the
+    /// baseline `kiln-bench state-writes` measures group commit against. Not for production use.
+    #[doc(hidden)]
+    pub fn open_grouped(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        group: usize,
+    ) -> Result<SqliteStore, StateError> {
         let path = path.as_ref();
         let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
         loop {
-            match SqliteStore::open_once(path, clock.clone()) {
+            match SqliteStore::open_once(path, clock.clone(), group) {
                 Err(err) if std::time::Instant::now() < deadline && is_locked(&err) => {
                     std::thread::sleep(std::time::Duration::from_millis(25));
                 }
@@ -79,7 +90,7 @@ impl SqliteStore {
         }
     }
 
-    fn open_once(path: &Path, clock: Arc<dyn Clock>) -> Result<SqliteStore, StateError> {
+    fn open_once(path: &Path, clock: Arc<dyn Clock>, group: usize) -> Result<SqliteStore, StateError> {
         let path = path.to_owned();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|err| StateError::CreateDir { dir: dir.to_owned(), err })?;
@@ -97,7 +108,7 @@ impl SqliteStore {
         }
         let applied = migrations::migrate(&mut conn, &path, clock.now_ms())?;
         let leader = Mutex::new(None);
-        let writer = writer::Writer::start(conn, clock.clone(), path.clone())
+        let writer = writer::Writer::start(conn, clock.clone(), path.clone(), group)
             .map_err(|err| StateError::Open { path: path.clone(), err: Box::new(err) })?;
         Ok(SqliteStore { inner: Arc::new(Inner { writer, clock, path, applied, leader }) })
     }

@@ -35,7 +35,7 @@ type Finish = Box<dyn FnOnce(Result<(), GroupFailure>) + Send>;
 type Job = Box<dyn for<'c> FnOnce(Option<(&'c mut Connection, u64)>) -> Finish + Send>;
 
 /// The most calls one transaction takes: bounds how long the first of them waits for its answer.
-const GROUP: usize = 256;
+pub(super) const GROUP: usize = 256;
 
 /// The connection's thread, fed through a channel; it stops when the store is dropped.
 pub(super) struct Writer {
@@ -60,12 +60,20 @@ impl Drop for Writer {
 }
 
 impl Writer {
-    pub(super) fn start(conn: Connection, clock: Arc<dyn Clock>, path: PathBuf) -> std::io::Result<Writer> {
+    /// `group`: the most calls one transaction takes (1: a transaction per call, the baseline
+    /// `kiln-bench state-writes` compares with).
+    pub(super) fn start(
+        conn: Connection,
+        clock: Arc<dyn Clock>,
+        path: PathBuf,
+        group: usize,
+    ) -> std::io::Result<Writer> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let begun = Arc::new(AtomicU64::new(0));
         let counter = begun.clone();
-        let thread =
-            std::thread::Builder::new().name("kiln-sqlite".into()).spawn(move || work(conn, clock, queue, &counter))?;
+        let thread = std::thread::Builder::new()
+            .name("kiln-sqlite".into())
+            .spawn(move || work(conn, clock, queue, &counter, group.max(1)))?;
         Ok(Writer { jobs: Some(jobs), begun, thread: Some(thread), path })
     }
 
@@ -103,9 +111,9 @@ impl Writer {
     }
 }
 
-fn work(mut conn: Connection, clock: Arc<dyn Clock>, queue: mpsc::Receiver<Job>, begun: &AtomicU64) {
+fn work(mut conn: Connection, clock: Arc<dyn Clock>, queue: mpsc::Receiver<Job>, begun: &AtomicU64, most: usize) {
     while let Ok(first) = queue.recv() {
-        let group: Vec<Job> = std::iter::once(first).chain(queue.try_iter().take(GROUP - 1)).collect();
+        let group: Vec<Job> = std::iter::once(first).chain(queue.try_iter().take(most - 1)).collect();
         begun.fetch_add(1, Ordering::Relaxed);
         let committed = match conn.execute_batch("BEGIN IMMEDIATE") {
             Err(err) => Err(failure(&err, "could not begin a transaction")),
@@ -166,7 +174,7 @@ mod tests {
         let path = dir.join("w.db");
         let conn = Connection::open(&path).unwrap();
         conn.execute_batch("PRAGMA journal_mode = wal; CREATE TABLE t (v INTEGER)").unwrap();
-        Writer::start(conn, Arc::new(SystemClock), path).unwrap()
+        Writer::start(conn, Arc::new(SystemClock), path, GROUP).unwrap()
     }
 
     fn insert(v: i64) -> impl FnOnce(&mut Connection, u64) -> Result<(), StateError> {

@@ -213,10 +213,8 @@ pub(crate) fn parse_parts(input: &str) -> Result<ImageRef, RefError> {
         check_digest(digest).map_err(fail)?;
     }
     // A ':' after the last '/' starts the tag; one before it belongs to a domain's port.
-    let (name, tag) = match name_tag.rfind(':') {
-        Some(colon) if name_tag.rfind('/').is_none_or(|slash| colon > slash) => {
-            (&name_tag[..colon], Some(&name_tag[colon + 1..]))
-        }
+    let (name, tag) = match name_tag.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, Some(tag)),
         _ => (name_tag, None),
     };
     if let Some(tag) = tag {
@@ -332,7 +330,8 @@ fn valid_component(component: &str) -> bool {
             continue;
         }
         let start = i;
-        while i < bytes.len() && !alnum(bytes[i]) {
+        // Ends before the end of `bytes`, whose last byte is alphanumeric (checked above).
+        while !alnum(bytes[i]) {
             i += 1;
         }
         let sep = &component[start..i];

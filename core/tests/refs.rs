@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use kiln_core::digest::TreeDigest;
 use kiln_core::refs::{
-    content_ref, image_address, AddressInputs, ContentTagError, ImageAddress, ImageRef, PlatformSet, RefProblem,
+    content_ref, image_address, AddressInputs, ContentTagError, ImageAddress, ImageRef, Platform, PlatformSet,
+    RefProblem,
 };
 
 const D: &str = "sha256:7031c1b283388d2c2e09b57badb803c05ebed362dc88d84b480cc47f72a21097";
@@ -119,6 +120,76 @@ fn errors_name_the_input_and_the_part() {
     assert!(err("-reg.io/x").contains(r#"domain "-reg.io" is invalid"#));
     assert!(err(&"a".repeat(64)).contains("image id"));
     assert!(err("x y").contains(r#"name component "x y""#));
+}
+
+#[test]
+fn a_64_character_name_reads_as_an_image_id_only_when_it_is_lowercase_hex() {
+    let not_hex = "g".repeat(64);
+    assert_eq!(parse(&not_hex).path(), format!("library/{not_hex}"));
+    assert_eq!(ImageRef::parse(&"A".repeat(64)).unwrap_err().problem(), &RefProblem::Uppercase);
+    assert_eq!(ImageRef::parse(&"a".repeat(64)).unwrap_err().problem(), &RefProblem::LooksLikeImageId);
+    // One character short of an id is a name.
+    assert_eq!(parse(&"a".repeat(63)).path(), format!("library/{}", "a".repeat(63)));
+}
+
+#[test]
+fn a_digest_algorithm_docker_could_not_name_is_a_bad_digest_and_a_well_formed_one_is_unsupported() {
+    let hex = &D["sha256:".len()..];
+    for bad in [format!("SHA256:{hex}"), format!(":{hex}"), format!("sha 256:{hex}")] {
+        let e = ImageRef::parse(&format!("x@{bad}")).unwrap_err();
+        assert_eq!(e.problem(), &RefProblem::BadDigest { digest: bad.clone() }, "{bad}");
+    }
+    let e = ImageRef::parse(&format!("x@sha3-256+b.x_y:{hex}")).unwrap_err();
+    assert_eq!(e.problem(), &RefProblem::UnsupportedDigest { algorithm: "sha3-256+b.x_y".to_string() });
+}
+
+#[test]
+fn a_colon_before_the_last_slash_is_a_port_and_after_it_a_tag() {
+    let r = parse("reg:5000/a:1");
+    assert_eq!((r.domain(), r.path(), r.tag()), ("reg:5000", "a", Some("1")));
+    let r = parse("reg:5000/a");
+    assert_eq!((r.domain(), r.path(), r.tag()), ("reg:5000", "a", Some("latest")));
+    assert_eq!(parse("reg:5000/a:latest"), r);
+}
+
+#[test]
+fn debug_forms_name_the_type_and_its_full_form() {
+    assert_eq!(format!("{:?}", parse("x")), "ImageRef(docker.io/library/x:latest)");
+    assert_eq!(format!("{:?}", Platform::parse("arm").unwrap()), "Platform(linux/arm/v7)");
+    assert_eq!(format!("{:?}", PlatformSet::parse(["arm", "amd64"]).unwrap()), "PlatformSet(amd64.armv7)");
+    let address = Owned::base().address();
+    assert_eq!(format!("{address:?}"), format!("ImageAddress({address})"));
+}
+
+#[test]
+fn a_platform_displays_as_its_token_and_exposes_its_canonical_parts() {
+    let windows = Platform::parse("windows/x86_64").unwrap();
+    assert_eq!(windows.to_string(), "windows-amd64");
+    assert_eq!((windows.os(), windows.arch(), windows.variant()), ("windows", "amd64", None));
+    let arm = Platform::parse("arm/6").unwrap();
+    assert_eq!(arm.to_string(), "armv6");
+    assert_eq!((arm.os(), arm.arch(), arm.variant()), ("linux", "arm", Some("v6")));
+}
+
+#[test]
+fn platforms_compare_by_their_token() {
+    let amd64 = Platform::parse("amd64").unwrap();
+    let arm64 = Platform::parse("linux/arm64").unwrap();
+    let windows = Platform::parse("windows/amd64").unwrap();
+    assert_eq!(amd64.partial_cmp(&arm64), Some(std::cmp::Ordering::Less));
+    assert_eq!(windows.partial_cmp(&arm64), Some(std::cmp::Ordering::Greater));
+    assert_eq!(amd64.partial_cmp(&Platform::parse("x86_64").unwrap()), Some(std::cmp::Ordering::Equal));
+    assert!(amd64 < arm64 && arm64 < windows);
+}
+
+#[test]
+fn a_platform_set_is_never_empty_and_the_host_set_holds_the_host() {
+    let set = PlatformSet::parse(["amd64"]).unwrap();
+    assert!(!set.is_empty());
+    let host = PlatformSet::host();
+    assert!(!host.is_empty());
+    assert_eq!(host.len(), 1);
+    assert_eq!(host.iter().collect::<Vec<_>>(), [&Platform::host()]);
 }
 
 #[test]
@@ -295,4 +366,33 @@ fn content_tag_longer_than_128_names_the_platforms() {
     assert!(matches!(e, ContentTagError::TooLong { len: 135, .. }), "{msg}");
     assert!(msg.contains(&platforms.to_string()), "{msg}");
     assert!(msg.contains("over Docker's 128"), "{msg}");
+}
+
+#[test]
+fn a_content_tag_of_exactly_128_characters_is_accepted_and_one_of_129_is_not() {
+    let fits = [
+        "mips",
+        "amd64",
+        "arm/v5",
+        "arm/v6",
+        "arm/v7",
+        "arm64",
+        "ppc64le",
+        "s390x",
+        "riscv64",
+        "mips64le",
+        "loong64",
+        "windows/amd64",
+        "windows/arm64",
+        "freebsd/amd64",
+    ];
+    let address = Owned::base().address();
+    let platforms = PlatformSet::parse(fits).unwrap();
+    let r = content_ref("x", &address, &platforms).unwrap();
+    assert_eq!(r.tag().map(str::len), Some(128), "{r}");
+    assert_eq!(r.tag(), Some(format!("{}-{platforms}", address.short12()).as_str()));
+
+    // `mips` → `ppc64`: one character more.
+    let over = PlatformSet::parse(fits.map(|p| if p == "mips" { "ppc64" } else { p })).unwrap();
+    assert!(matches!(content_ref("x", &address, &over), Err(ContentTagError::TooLong { len: 129, .. })));
 }

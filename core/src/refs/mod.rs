@@ -213,10 +213,8 @@ pub(crate) fn parse_parts(input: &str) -> Result<ImageRef, RefError> {
         check_digest(digest).map_err(fail)?;
     }
     // A ':' after the last '/' starts the tag; one before it belongs to a domain's port.
-    let (name, tag) = match name_tag.rfind(':') {
-        Some(colon) if name_tag.rfind('/').is_none_or(|slash| colon > slash) => {
-            (&name_tag[..colon], Some(&name_tag[colon + 1..]))
-        }
+    let (name, tag) = match name_tag.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => (name, Some(tag)),
         _ => (name_tag, None),
     };
     if let Some(tag) = tag {
@@ -320,28 +318,12 @@ pub(crate) fn check_path(path: &str) -> Result<(), RefProblem> {
 
 /// `[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*`
 fn valid_component(component: &str) -> bool {
-    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let bytes = component.as_bytes();
-    if bytes.is_empty() || !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
-        return false;
-    }
-    let mut i = 0;
-    while i < bytes.len() {
-        if alnum(bytes[i]) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        while i < bytes.len() && !alnum(bytes[i]) {
-            i += 1;
-        }
-        let sep = &component[start..i];
-        let ok = matches!(sep, "." | "_" | "__") || sep.bytes().all(|b| b == b'-');
-        if !ok {
-            return false;
-        }
-    }
-    true
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    // Splitting at each alphanumeric leaves the separators, and "" between two alphanumerics
+    // (which the dash rule accepts: a run of no dashes).
+    component.starts_with(alnum)
+        && component.ends_with(alnum)
+        && component.split(alnum).all(|sep| matches!(sep, "." | "_" | "__") || sep.bytes().all(|b| b == b'-'))
 }
 
 /// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`

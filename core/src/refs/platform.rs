@@ -88,18 +88,7 @@ impl Platform {
     /// Linux on this machine's architecture: the images a build host runs natively (on macOS and
     /// Windows too, whose Docker runs Linux containers in a VM of the host's architecture).
     pub fn host() -> Platform {
-        let arch = match std::env::consts::ARCH {
-            "x86_64" => "amd64",
-            "aarch64" => "arm64",
-            "x86" => "386",
-            "arm" => "arm",
-            "loongarch64" => "loong64",
-            "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
-            "powerpc64" => "ppc64",
-            "mips64" if cfg!(target_endian = "little") => "mips64le",
-            "mips" if cfg!(target_endian = "little") => "mipsle",
-            other => other,
-        };
+        let arch = go_arch(std::env::consts::ARCH, cfg!(target_endian = "little"));
         let (arch, variant) = canonical_arch(arch, None);
         Platform { os: "linux".to_string(), arch: arch.to_string(), variant }
     }
@@ -136,6 +125,23 @@ impl Platform {
             Some(variant) => format!("{}/{}/{variant}", self.os, self.arch),
             None => format!("{}/{}", self.os, self.arch),
         }
+    }
+}
+
+/// Go's name for Rust's `target_arch` (which says nothing of byte order, hence `little_endian`).
+/// A function of its arguments rather than of the build target, so that every arm is tested on any
+/// host.
+fn go_arch(rust_arch: &str, little_endian: bool) -> &str {
+    match rust_arch {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "loongarch64" => "loong64",
+        "powerpc64" if little_endian => "ppc64le",
+        "powerpc64" => "ppc64",
+        "mips64" if little_endian => "mips64le",
+        "mips" if little_endian => "mipsle",
+        other => other,
     }
 }
 
@@ -227,7 +233,7 @@ impl PlatformSet {
 
     /// Always false: a set is never empty. Present because `len` is.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        false
     }
 
     /// The OCI forms joined with `,`, as `docker buildx build --platform` takes them.
@@ -330,6 +336,26 @@ mod tests {
         let host = Platform::host();
         assert!(KNOWN_ARCH.contains(&host.arch()), "{host:?}");
         assert_eq!(Platform::parse(&host.oci()).unwrap(), host);
+    }
+
+    #[test]
+    fn go_arch_names_each_rust_arch_as_go_does_in_either_byte_order() {
+        let cases = [
+            ("x86_64", "amd64", "amd64"),
+            ("aarch64", "arm64", "arm64"),
+            ("x86", "386", "386"),
+            ("arm", "arm", "arm"),
+            ("loongarch64", "loong64", "loong64"),
+            ("powerpc64", "ppc64le", "ppc64"),
+            ("mips64", "mips64le", "mips64"),
+            ("mips", "mipsle", "mips"),
+            ("riscv64", "riscv64", "riscv64"),
+            ("s390x", "s390x", "s390x"),
+        ];
+        for (rust, little, big) in cases {
+            assert_eq!(go_arch(rust, true), little, "{rust}, little-endian");
+            assert_eq!(go_arch(rust, false), big, "{rust}, big-endian");
+        }
     }
 
     #[test]

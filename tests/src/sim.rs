@@ -295,6 +295,18 @@ impl SimFarm {
         farm
     }
 
+    /// `agents` simulated hosts joining the coordinator already serving at `url` (another process:
+    /// `kiln-bench farm --external`); returns once every agent is connected.
+    pub async fn join(url: &str, agents: usize, slots: u32, build_time: Duration) -> SimFarm {
+        let state = tempfile::tempdir().expect("temp dir");
+        let mut farm = SimFarm { url: url.to_string(), state, agents: Vec::new(), coordinator: None };
+        for i in 0..agents {
+            farm.add_agent(&format!("sim-{i:04}"), slots, build_time);
+        }
+        farm.wait_connected(agents).await;
+        farm
+    }
+
     /// Starts one more simulated agent (not waited for).
     pub fn add_agent(&mut self, id: &str, slots: u32, build_time: Duration) -> Arc<SimHost> {
         let store = SimHost::new(id, build_time);

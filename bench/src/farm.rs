@@ -155,6 +155,17 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
             bail!("a no-op converge under load failed: {events:#?}");
         }
         up_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        eprintln!(
+            "  no-op up {:.1} ms at {:.2} s into the load",
+            up_ms[up_ms.len() - 1],
+            load_started.elapsed().as_secs_f64()
+        );
+        if up_ms[up_ms.len() - 1] > 200.0 {
+            let start = events.first().map_or(0, |e| e.at_ms);
+            for e in &events {
+                eprintln!("    +{} ms {:?} {} {}", e.at_ms - start, e.kind(), e.image, e.message);
+            }
+        }
     }
     rt.block_on(load)??;
     let load_secs = load_started.elapsed().as_secs_f64();
@@ -230,11 +241,13 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
         "| builds' makespan (first build start → last build end) vs ideal {ideal:.3} s | {makespan:.3} s = {:.2}× | ≤ {MAKESPAN_GOAL}× |",
         makespan / ideal
     );
-    println!("| build tasks joining the queue: first → last (the converges' own arrival) | {spread:.3} s | |");
-    println!(
-        "| last task queued → last build ends | {last_enqueue_to_end:.3} s (one build is {:.3} s) | |",
-        build.as_secs_f64()
-    );
+    if external.is_none() {
+        println!("| build tasks joining the queue: first → last (the converges' own arrival) | {spread:.3} s | |");
+        println!(
+            "| last task queued → last build ends | {last_enqueue_to_end:.3} s (one build is {:.3} s) | |",
+            build.as_secs_f64()
+        );
+    }
     println!("| process peak RSS (coordinator + {} simulated agents) | {rss:.0} MiB | |", args.agents);
     println!(
         "| process CPU during the load (coordinator + agents) | {:.1} s over {load_secs:.1} s | |",

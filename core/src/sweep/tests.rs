@@ -332,3 +332,32 @@ fn the_exposed_normalization_names_names_and_not_aliases() {
     assert_eq!(canonical_name("docker.io/library/api").as_deref(), Some("api:latest"));
     assert_eq!(canonical_name(&id(1)), None);
 }
+
+#[test]
+fn a_rooted_digest_a_ref_carries_keeps_the_image_though_the_listing_left_it_out() {
+    // Some stores list a pinned ref (`repo@sha256:…`) without the digest in the digest column.
+    let digest = format!("sha256:{:064x}", 0xbeef_u64);
+    let mut pinned = image(1, &["api:old"], 100);
+    pinned.digests.clear();
+    pinned.refs.push(format!("api@{digest}"));
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![pinned]);
+    assert!(plan(std::slice::from_ref(&host), &claims(&[&digest]), &policy()).is_empty());
+    // And it is that digest that keeps it: another one does not.
+    let other = format!("sha256:{:064x}", 0xcafe_u64);
+    assert!(!plan(&[host], &claims(&[&other]), &policy()).is_empty());
+}
+
+#[test]
+fn applying_a_plan_keeps_a_dangling_image_that_lost_nothing() {
+    let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &[], 70), image(2, &["api:new"], 10)]);
+    let used = Roots {
+        claims: vec!["api:new".to_owned()],
+        workloads: BTreeMap::from([(StoreId("host".to_owned()), vec![id(1)])]),
+        ..Roots::default()
+    };
+    let plan = plan(std::slice::from_ref(&host), &used, &policy());
+    assert!(plan.is_empty(), "{plan:?}");
+    let after = plan.apply_to(&[host]);
+    let ids: Vec<&str> = after[0].images.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, vec![id(1).as_str(), id(2).as_str()], "a dangling image a root keeps stays listed");
+}

@@ -348,6 +348,18 @@ fn a_rooted_digest_a_ref_carries_keeps_the_image_though_the_listing_left_it_out(
 }
 
 #[test]
+fn a_rooted_digest_an_import_alias_carries_keeps_the_image_though_the_listing_left_it_out() {
+    let digest = format!("sha256:{:064x}", 0xbeef_u64);
+    let mut loaded = image(1, &["api:old"], 100);
+    loaded.digests.clear();
+    loaded.refs.push(format!("import-2024-05-01@{digest}"));
+    let node = store("node-1", StoreKind::Node, RemovalMode::PerRef, vec![loaded]);
+    assert!(plan(std::slice::from_ref(&node), &claims(&[&digest]), &policy()).is_empty());
+    let other = format!("sha256:{:064x}", 0xcafe_u64);
+    assert!(!plan(&[node], &claims(&[&other]), &policy()).is_empty());
+}
+
+#[test]
 fn applying_a_plan_keeps_a_dangling_image_that_lost_nothing() {
     let host = store("host", StoreKind::Host, RemovalMode::PerRef, vec![image(1, &[], 70), image(2, &["api:new"], 10)]);
     let used = Roots {

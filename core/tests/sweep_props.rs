@@ -23,8 +23,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use kiln_core::sweep::{
-    canonical_name, plan, InstanceRecord, ListedImage, Plan, Policy, RemovalMode, RemovalTarget, Roots, StoreId,
-    StoreKind, StoreListing, KIND_SHARED, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND, UNOWNED,
+    canonical_name, farm_key, hold_key, hold_ref, plan, InstanceRecord, ListedImage, Plan, Policy, RemovalMode,
+    RemovalTarget, Roots, StoreId, StoreKind, StoreListing, KIND_SHARED, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND,
+    UNOWNED,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
@@ -458,6 +459,10 @@ struct Tally {
     freed_unowned: u64,
     /// Refs whose two normalizations were compared.
     refs_compared: u64,
+    /// Images of this farm another farm holds; this farm's own holds released, and kept.
+    held_by_others: u64,
+    own_released: u64,
+    own_kept: u64,
 }
 
 impl Tally {
@@ -471,6 +476,9 @@ impl Tally {
         self.freed_shared += other.freed_shared;
         self.freed_unowned += other.freed_unowned;
         self.refs_compared += other.refs_compared;
+        self.held_by_others += other.held_by_others;
+        self.own_released += other.own_released;
+        self.own_kept += other.own_kept;
     }
 }
 
@@ -793,4 +801,78 @@ fn the_planner_normalizes_every_spelling_as_the_plain_reading_does_(
 fn the_planner_normalizes_every_spelling_as_the_plain_reading_does() {
     let tally = run(the_planner_normalizes_every_spelling_as_the_plain_reading_does_);
     assert!(tally.refs_compared > 0, "vacuous run: {tally:?}");
+}
+
+/// The farm whose holds this farm's images may wear (the generator labels its images `farm-b`).
+const OTHER_FARM: &str = "farm-b";
+
+/// `u` with holds on every second image that has a tagged ref: another farm's on this farm's
+/// images, this farm's own on Kiln images of another farm (where the store can untag).
+fn with_holds(u: &Universe) -> Universe {
+    let mut u = u.clone();
+    for listing in &mut u.listings {
+        let per_id = listing.kind == StoreKind::Node && listing.removal == RemovalMode::PerId;
+        for image in listing.images.iter_mut().step_by(2) {
+            let kiln = image.labels.get(LABEL_KIND).is_some_and(|kind| !kind.is_empty());
+            let holder = match (is_candidate(image), kiln && !per_id) {
+                (true, _) => OTHER_FARM,
+                (false, true) => FARM,
+                (false, false) => continue,
+            };
+            if let Some(hold) = image.refs.iter().find_map(|raw| hold_ref(holder, raw)) {
+                image.refs.push(hold);
+            }
+        }
+    }
+    u
+}
+
+fn holds_are_kept_while_relied_on_(u: &Universe, tally: &mut Tally) -> Result<(), TestCaseError> {
+    let u = with_holds(u);
+    let plan = plan(&u.listings, &u.roots, &policy());
+    let (own, other) = (farm_key(FARM), farm_key(OTHER_FARM));
+    for listing in &u.listings {
+        let (mut applicable, previous) = roots_for(&u.roots, listing);
+        if gets_grace(listing) {
+            applicable.names.extend(previous.names);
+            applicable.digests.extend(previous.digests);
+        }
+        for image in &listing.images {
+            let holds: HashSet<&str> =
+                image.refs.iter().map(String::as_str).filter(|raw| hold_key(raw).is_some()).collect();
+            let Some(first) = holds.iter().next() else { continue };
+            let removed = removed_refs(&plan, &listing.store, image);
+            if hold_key(first) == Some(other.as_str()) {
+                // Another farm relies on this image: its owner's sweep leaves every ref of it.
+                prop_assert!(removed.is_empty(), "{} is held by {OTHER_FARM}, yet {removed:?} go", image.id);
+                prop_assert!(!is_removed_whole(&plan, &listing.store, image), "{} held, removed whole", image.id);
+                tally.held_by_others += 1;
+                continue;
+            }
+            prop_assert_eq!(hold_key(first), Some(own.as_str()));
+            // This farm's own hold goes, alone, once no root of this farm names another ref of the
+            // image or its content.
+            let by_digest = applicable.names_by_digest(image)
+                || image.refs.iter().filter_map(|raw| parse(raw).digest).any(|d| applicable.digests.contains(&d));
+            let by_name = image
+                .refs
+                .iter()
+                .filter(|raw| hold_key(raw).is_none())
+                .any(|raw| parse(raw).name.is_some_and(|name| applicable.names.contains(&name)));
+            if by_digest || by_name {
+                prop_assert!(removed.is_empty(), "{} is relied on, yet {removed:?} go", image.id);
+                tally.own_kept += 1;
+            } else {
+                prop_assert_eq!(&removed, &holds, "{}: exactly its own holds go", image.id);
+                tally.own_released += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn holds_are_kept_while_relied_on() {
+    let tally = run(holds_are_kept_while_relied_on_);
+    assert!(tally.held_by_others > 0 && tally.own_released > 0 && tally.own_kept > 0, "vacuous run: {tally:?}");
 }

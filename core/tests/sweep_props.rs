@@ -463,6 +463,8 @@ struct Tally {
     held_by_others: u64,
     own_released: u64,
     own_kept: u64,
+    /// Names in the hold namespace that are no holds, swept as the names they are.
+    lookalikes_removed: u64,
 }
 
 impl Tally {
@@ -479,6 +481,7 @@ impl Tally {
         self.held_by_others += other.held_by_others;
         self.own_released += other.own_released;
         self.own_kept += other.own_kept;
+        self.lookalikes_removed += other.lookalikes_removed;
     }
 }
 
@@ -806,12 +809,20 @@ fn the_planner_normalizes_every_spelling_as_the_plain_reading_does() {
 /// The farm whose holds this farm's images may wear (the generator labels its images `farm-b`).
 const OTHER_FARM: &str = "farm-b";
 
+/// Names in the hold namespace that are no holds: a key of 12 characters that are not hex, and a
+/// hex key too short.
+const LOOKALIKES: [&str; 2] = ["kiln-hold/zzzzzzzzzzzz/app:t1", "kiln-hold/abc/app:t1"];
+
 /// `u` with holds on every second image that has a tagged ref: another farm's on this farm's
-/// images, this farm's own on Kiln images of another farm (where the store can untag).
+/// images, this farm's own on Kiln images of another farm (where the store can untag). This
+/// farm's other images wear the hold look-alikes.
 fn with_holds(u: &Universe) -> Universe {
     let mut u = u.clone();
     for listing in &mut u.listings {
         let per_id = listing.kind == StoreKind::Node && listing.removal == RemovalMode::PerId;
+        for image in listing.images.iter_mut().skip(1).step_by(2).filter(|image| is_candidate(image)) {
+            image.refs.extend(LOOKALIKES.iter().map(|raw| (*raw).to_owned()));
+        }
         for image in listing.images.iter_mut().step_by(2) {
             let kiln = image.labels.get(LABEL_KIND).is_some_and(|kind| !kind.is_empty());
             let holder = match (is_candidate(image), kiln && !per_id) {
@@ -840,8 +851,18 @@ fn holds_are_kept_while_relied_on_(u: &Universe, tally: &mut Tally) -> Result<()
         for image in &listing.images {
             let holds: HashSet<&str> =
                 image.refs.iter().map(String::as_str).filter(|raw| hold_key(raw).is_some()).collect();
-            let Some(first) = holds.iter().next() else { continue };
             let removed = removed_refs(&plan, &listing.store, image);
+            let Some(first) = holds.iter().next() else {
+                // A look-alike is a name like any other: unrooted, it goes where the store can untag.
+                let per_id = listing.kind == StoreKind::Node && listing.removal == RemovalMode::PerId;
+                if is_candidate(image) && !per_id && !applicable.names_by_digest(image) {
+                    for raw in image.refs.iter().filter(|raw| LOOKALIKES.contains(&raw.as_str())) {
+                        prop_assert!(removed.contains(raw.as_str()), "{raw} is no hold, yet it stays on {}", image.id);
+                        tally.lookalikes_removed += 1;
+                    }
+                }
+                continue;
+            };
             if hold_key(first) == Some(other.as_str()) {
                 // Another farm relies on this image: its owner's sweep leaves every ref of it.
                 prop_assert!(removed.is_empty(), "{} is held by {OTHER_FARM}, yet {removed:?} go", image.id);
@@ -875,4 +896,5 @@ fn holds_are_kept_while_relied_on_(u: &Universe, tally: &mut Tally) -> Result<()
 fn holds_are_kept_while_relied_on() {
     let tally = run(holds_are_kept_while_relied_on_);
     assert!(tally.held_by_others > 0 && tally.own_released > 0 && tally.own_kept > 0, "vacuous run: {tally:?}");
+    assert!(tally.lookalikes_removed > 0, "vacuous run: {tally:?}");
 }

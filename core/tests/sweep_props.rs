@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use kiln_core::sweep::{
-    canonical_name, farm_key, hold_key, hold_ref, plan, InstanceRecord, ListedImage, Plan, Policy, RemovalMode,
+    canonical_name, farm_key, hold_key, hold_ref, plan, InstanceRecord, Layer, ListedImage, Plan, Policy, RemovalMode,
     RemovalTarget, Roots, StoreId, StoreKind, StoreListing, KIND_SHARED, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND,
     UNOWNED,
 };
@@ -465,6 +465,8 @@ struct Tally {
     own_kept: u64,
     /// Names in the hold namespace that are no holds, swept as the names they are.
     lookalikes_removed: u64,
+    /// Layers a going image shares with one that stays: not counted as freed.
+    shared_layers_kept: u64,
 }
 
 impl Tally {
@@ -482,6 +484,7 @@ impl Tally {
         self.own_released += other.own_released;
         self.own_kept += other.own_kept;
         self.lookalikes_removed += other.lookalikes_removed;
+        self.shared_layers_kept += other.shared_layers_kept;
     }
 }
 
@@ -897,4 +900,57 @@ fn holds_are_kept_while_relied_on() {
     let tally = run(holds_are_kept_while_relied_on_);
     assert!(tally.held_by_others > 0 && tally.own_released > 0 && tally.own_kept > 0, "vacuous run: {tally:?}");
     assert!(tally.lookalikes_removed > 0, "vacuous run: {tally:?}");
+}
+
+/// Layers the images of a store share: image `i` is built of layers `i % 4` and `i % 4 + 1`, so
+/// neighbours share one. Layer `n` weighs `10^n` bytes, so every sum names its layers.
+fn with_layers(u: &Universe) -> Universe {
+    let mut u = u.clone();
+    for listing in &mut u.listings {
+        for image in &mut listing.images {
+            let i = (0..IDS).find(|&i| id(i) == image.id).unwrap();
+            image.layers = [i % 4, i % 4 + 1]
+                .iter()
+                .map(|&n| Layer { chain: format!("sha256:layer{n}"), bytes: 10u64.pow(n as u32) })
+                .collect();
+            image.bytes = image.layers.iter().map(|l| l.bytes).sum();
+        }
+    }
+    u
+}
+
+fn a_layer_an_image_that_stays_uses_is_never_counted_freed_(
+    u: &Universe,
+    tally: &mut Tally,
+) -> Result<(), TestCaseError> {
+    let u = with_layers(u);
+    let plan = plan(&u.listings, &u.roots, &policy());
+    for listing in &u.listings {
+        let store_plan = plan.stores.iter().find(|s| s.store == listing.store).unwrap();
+        let going: HashSet<&str> = store_plan.removals.iter().filter(|r| r.frees).map(|r| r.id.as_str()).collect();
+        let staying: HashSet<&str> = listing
+            .images
+            .iter()
+            .filter(|i| !going.contains(i.id.as_str()))
+            .flat_map(|i| i.layers.iter().map(|l| l.chain.as_str()))
+            .collect();
+        let mut freed: BTreeMap<&str, u64> = BTreeMap::new();
+        for image in listing.images.iter().filter(|i| going.contains(i.id.as_str())) {
+            for layer in &image.layers {
+                if staying.contains(layer.chain.as_str()) {
+                    tally.shared_layers_kept += 1;
+                } else {
+                    freed.insert(&layer.chain, layer.bytes);
+                }
+            }
+        }
+        prop_assert_eq!(store_plan.freed_bytes, freed.values().sum::<u64>(), "on {}", listing.store);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_layer_an_image_that_stays_uses_is_never_counted_freed() {
+    let tally = run(a_layer_an_image_that_stays_uses_is_never_counted_freed_);
+    assert!(tally.shared_layers_kept > 0, "vacuous run: {tally:?}");
 }

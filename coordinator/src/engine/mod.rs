@@ -100,12 +100,7 @@ pub(crate) fn ps(engine: &Engine) -> kiln_proto::v1::PsReply {
                 .map(|t| pb::PsTask {
                     image: t.task.image.clone(),
                     reference: t.task.reference.clone(),
-                    state: match (t.agent.is_empty(), t.delivering) {
-                        (true, _) => "queued",
-                        (false, false) => "building",
-                        (false, true) => "delivering",
-                    }
-                    .to_string(),
+                    state: t.state().to_string(),
                     agent: t.agent.clone(),
                     millis: t.since.elapsed().as_millis() as u64,
                     position: t.position,

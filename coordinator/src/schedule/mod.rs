@@ -96,6 +96,17 @@ pub struct TaskView {
     pub wait: Duration,
 }
 
+impl TaskView {
+    /// What `kiln ps` and the status page call its state: `queued`, `building` or `delivering`.
+    pub fn state(&self) -> &'static str {
+        match (self.agent.is_empty(), self.delivering) {
+            (true, _) => "queued",
+            (false, false) => "building",
+            (false, true) => "delivering",
+        }
+    }
+}
+
 /// The queue and the slots of every connected host agent.
 #[derive(Debug)]
 pub struct Scheduler {

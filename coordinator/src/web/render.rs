@@ -239,7 +239,7 @@ fn converge_row(out: &mut String, now: u64, c: &ConvergeRow) {
     for t in &c.tasks {
         let what = match t.state {
             "queued" => format!("queued #{}", t.position),
-            _ => format!("building on {}", esc(&t.agent)),
+            state => format!("{state} on {}", esc(&t.agent)),
         };
         let _ = write!(tasks, r#"<div><b>{}</b> {what} · {}</div>"#, esc(&t.image), took(t.for_ms));
     }

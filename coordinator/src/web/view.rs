@@ -84,7 +84,7 @@ pub(crate) struct ConvergeRow {
 pub(crate) struct Task {
     pub image: String,
     pub reference: String,
-    /// `queued` or `building`.
+    /// `queued`, `building` or `delivering`.
     pub state: &'static str,
     pub agent: String,
     /// Queued: its place in the fair queue (1 = next).
@@ -184,7 +184,7 @@ pub(crate) async fn gather(
                 .map(|t| Task {
                     image: t.task.image.clone(),
                     reference: t.task.reference.clone(),
-                    state: if t.agent.is_empty() { "queued" } else { "building" },
+                    state: t.state(),
                     agent: t.agent.clone(),
                     position: t.position,
                     for_ms: t.since.elapsed().as_millis() as u64,

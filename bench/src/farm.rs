@@ -117,15 +117,24 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     // The probe: a recorded instance whose no-op converge is timed while the load runs.
     let probe = scratch.path().join("probe");
     write(&probe, "probe", &instance_images(2, "probe"));
-    let first = rt.block_on(wire::up(&farm.url, &probe, false));
+    // The clients are the developers' CLIs, on machines of their own in a farm: here they get a
+    // runtime apart from the coordinator's and the simulated agents', and the probe one of its own,
+    // so a client's work never holds up an agent's answer or the probe's own round trip.
+    let clients = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let cli = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let (probe_request, probe_contexts) = wire::up_request(&probe, false);
+    let first = cli.block_on(wire::up_prepared(&farm.url, probe_request.clone(), &probe_contexts));
     if !wire::succeeded(&first) {
         bail!("the probe's first converge failed: {first:#?}");
     }
-    let dirs: Vec<_> = (0..args.converges)
+    // Each client's walk and hashing is done before the clock starts: it happens on the
+    // developer's machine, and the measured round is the coordinator's.
+    let prepared: Vec<Prepared> = (0..args.converges)
         .map(|i| {
             let dir = scratch.path().join(format!("c{i:04}"));
             write(&dir, &format!("load{i:04}"), &instance_images(args.images, &format!("load {i}")));
-            dir
+            let (request, contexts) = wire::up_request(&dir, false);
+            Prepared { dir, request, contexts: std::sync::Arc::new(contexts) }
         })
         .collect();
     // Every context uploaded once first, with builds instant: the measured round is the
@@ -134,23 +143,35 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     for agent in &farm.agents {
         agent.store.set_build_time(Duration::ZERO);
     }
-    rt.block_on(run_all(&farm.url, &dirs, false))?;
+    clients.block_on(run_all(&farm.url, &prepared, false))?;
     for agent in &farm.agents {
         agent.store.set_build_time(build);
     }
     let before_builds = farm.builds().len();
     let (_, cpu_before) = rss_and_cpu();
+    let coordinator_before = external.as_ref().map_or(0.0, External::cpu_seconds);
+    // `KILN_BENCH_PERF=FILE`: a `perf record` of the coordinator over the load alone.
+    let perf = match (&external, std::env::var_os("KILN_BENCH_PERF")) {
+        (Some(c), Some(out)) => Some(
+            std::process::Command::new("perf")
+                .args(["record", "-F", "1999", "-g", "-p", &c.child.id().to_string(), "-o"])
+                .arg(out)
+                .stderr(std::process::Stdio::null())
+                .spawn()?,
+        ),
+        _ => None,
+    };
 
     let load_started = Instant::now();
     let url = farm.url.clone();
-    let load = rt.spawn({
-        let dirs = dirs.clone();
-        async move { run_all(&url, &dirs, true).await }
+    let load = clients.spawn({
+        let prepared = prepared.clone();
+        async move { run_all(&url, &prepared, true).await }
     });
     let mut up_ms: Vec<f64> = Vec::new();
     while !load.is_finished() {
         let t = Instant::now();
-        let events = rt.block_on(wire::up(&farm.url, &probe, false));
+        let events = cli.block_on(wire::up_prepared(&farm.url, probe_request.clone(), &probe_contexts));
         if !wire::succeeded(&events) {
             bail!("a no-op converge under load failed: {events:#?}");
         }
@@ -167,10 +188,14 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
             }
         }
     }
-    rt.block_on(load)??;
+    clients.block_on(load)??;
+    if let Some(mut perf) = perf {
+        let _ = std::process::Command::new("kill").args(["-INT", &perf.id().to_string()]).status();
+        let _ = perf.wait();
+    }
     let load_secs = load_started.elapsed().as_secs_f64();
     let (rss, cpu_after) = rss_and_cpu();
-    let coordinator_cpu = external.as_ref().map(External::cpu_seconds);
+    let coordinator_cpu = external.as_ref().map(|c| (c.cpu_seconds() - coordinator_before, c.cpu_seconds()));
 
     let builds: Vec<_> = farm.builds().into_iter().skip(before_builds).collect();
     let expected = args.converges * args.images;
@@ -253,8 +278,8 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
         "| process CPU during the load (coordinator + agents) | {:.1} s over {load_secs:.1} s | |",
         cpu_after - cpu_before
     );
-    if let Some(cpu) = coordinator_cpu {
-        println!("| the coordinator process's CPU, whole run | {cpu:.1} s | |");
+    if let Some((load, whole)) = coordinator_cpu {
+        println!("| the coordinator process's CPU during the load / whole run | {load:.2} s over {load_secs:.1} s / {whole:.1} s | |");
     }
     rt.block_on(farm.stop());
     Ok(())
@@ -300,12 +325,23 @@ impl Drop for External {
     }
 }
 
+/// One load converge's request, made before the clock starts.
+#[derive(Clone)]
+struct Prepared {
+    dir: std::path::PathBuf,
+    request: kiln_proto::v1::UpRequest,
+    contexts: std::sync::Arc<wire::Contexts>,
+}
+
 /// Runs every instance's converge at once; fails if any fails.
-async fn run_all(url: &str, dirs: &[std::path::PathBuf], force: bool) -> Result<()> {
+async fn run_all(url: &str, prepared: &[Prepared], force: bool) -> Result<()> {
     let mut running = tokio::task::JoinSet::new();
-    for dir in dirs {
-        let (url, dir) = (url.to_string(), dir.clone());
-        running.spawn(async move { (dir.clone(), wire::up(&url, &dir, force).await) });
+    for p in prepared {
+        let (url, p) = (url.to_string(), p.clone());
+        running.spawn(async move {
+            let request = kiln_proto::v1::UpRequest { force, ..p.request };
+            (p.dir, wire::up_prepared(&url, request, &p.contexts).await)
+        });
     }
     while let Some(joined) = running.join_next().await {
         let (dir, events) = joined.context("a converge panicked")?;

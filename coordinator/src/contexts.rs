@@ -346,13 +346,19 @@ impl pb::content_store_server::ContentStore for ContentService {
         let mut file = tokio::fs::File::open(&path).await.map_err(|_| {
             Status::not_found(format!("context {digest} is not stored — re-run `kiln up` to upload it"))
         })?;
+        let mut left = file.metadata().await.map_or(0, |m| m.len());
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
             loop {
-                let mut buf = vec![0u8; CHUNK];
+                // Sized by what is left (a stored context never changes): a 2 KiB context costs
+                // 2 KiB, not two zeroed 1 MiB chunks — a thousand downloads at once made that the
+                // coordinator's largest cost.
+                let want = if left > 0 { left.min(CHUNK as u64) as usize } else { 64 << 10 };
+                let mut buf = vec![0u8; want];
                 match file.read(&mut buf).await {
                     Ok(0) => break,
                     Ok(n) => {
+                        left = left.saturating_sub(n as u64);
                         buf.truncate(n);
                         if tx.send(Ok(pb::DownloadChunk { data: buf.into() })).await.is_err() {
                             break;

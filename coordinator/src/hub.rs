@@ -147,8 +147,8 @@ impl AgentConn {
     }
 
     /// Whether the agent's last listing, or a build since, showed `reference`.
-    pub fn holds(&self, reference: &str) -> bool {
-        self.held.lock().unwrap().contains(&normalized(reference))
+    pub fn holds(&self, reference: &HeldRef) -> bool {
+        self.held.lock().unwrap().contains(&reference.0)
     }
 
     /// Whether the agent built the context `digest` before (its layer cache is warm for it).
@@ -453,6 +453,17 @@ fn task_name(kind: &pb::task::Kind) -> &'static str {
         Kind::KindLoad(_) => "kind_load",
         Kind::Tag(_) => "tag",
         Kind::Probe(_) => "probe",
+    }
+}
+
+/// A ref in the spelling agents' inventories are kept in. Made once per plan or task: placement
+/// asks a thousand agents about one ref, and parsing it for each cost the farm most of its CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct HeldRef(String);
+
+impl HeldRef {
+    pub fn of(reference: &str) -> HeldRef {
+        HeldRef(normalized(reference))
     }
 }
 

@@ -14,10 +14,7 @@ pub fn channel(url: &str) -> Channel {
 }
 
 /// The `UpRequest` for an instance folder, and where each context digest's directory is.
-pub fn up_request(
-    dir: &std::path::Path,
-    force: bool,
-) -> (pb::UpRequest, BTreeMap<String, (PathBuf, kiln_core::digest::WalkOptions)>) {
+pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, Contexts) {
     let manifest = Manifest::load(dir).unwrap();
     let mut contexts = BTreeMap::new();
     let mut images = Vec::new();
@@ -115,6 +112,15 @@ pub async fn up_dry(url: &str, dir: &std::path::Path, force: bool) -> Vec<pb::Co
 pub async fn up_as(url: &str, dir: &std::path::Path, edit: impl FnOnce(&mut pb::UpRequest)) -> Vec<pb::ConvergeEvent> {
     let (mut req, contexts) = up_request(dir, false);
     edit(&mut req);
+    up_prepared(url, req, &contexts).await
+}
+
+/// Where each context digest of an `UpRequest` lives, as `up_request` found it.
+pub type Contexts = BTreeMap<String, (PathBuf, kiln_core::digest::WalkOptions)>;
+
+/// Runs an `Up` whose request was made beforehand (the walk and hashing are the client's work,
+/// which a load generator does before it starts the clock), uploading what is asked for.
+pub async fn up_prepared(url: &str, req: pb::UpRequest, contexts: &Contexts) -> Vec<pb::ConvergeEvent> {
     let mut client = pb::kiln_client::KilnClient::new(channel(url));
     let mut stream = client.up(req).await.unwrap().into_inner();
     let mut events = Vec::new();

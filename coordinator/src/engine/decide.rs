@@ -19,7 +19,7 @@ use kiln_proto::v1 as pb;
 
 use super::{Engine, Failure};
 use crate::events::Events;
-use crate::hub::AgentConn;
+use crate::hub::{AgentConn, HeldRef};
 use crate::model::{Action, AddressInputs, ConvergeId, EventKind, Input, InputChange, Reason, Record, RecordedImage};
 use crate::plan::{BuildInputs, PlanImage, Target, UpPlan};
 
@@ -190,7 +190,8 @@ impl Engine {
     async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId) -> Vec<HostListing> {
         let mut hosts: Vec<std::sync::Arc<AgentConn>> = Vec::new();
         if let Target::Local = plan.target {
-            let holds_one = |a: &AgentConn| plan.images.iter().any(|i| a.holds(&i.reference));
+            let refs: Vec<HeldRef> = plan.images.iter().map(|i| HeldRef::of(&i.reference)).collect();
+            let holds_one = |a: &AgentConn| refs.iter().any(|r| a.holds(r));
             hosts =
                 self.hub.connected().into_iter().filter(|a| a.is_host() && a.id != host.id && holds_one(a)).collect();
         }

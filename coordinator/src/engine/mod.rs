@@ -17,7 +17,7 @@ pub mod running;
 
 use crate::contexts::Contexts;
 use crate::events::Events;
-use crate::hub::{AgentConn, Hub};
+use crate::hub::{AgentConn, HeldRef, Hub};
 use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
 use crate::plan::{BuildInputs, PlanImage, PlanKind, UpPlan};
 use crate::state::StateStore;
@@ -227,7 +227,8 @@ impl Engine {
                     plan.instance.hash(&mut h);
                     h.finish() as usize
                 };
-                let held = |a: &AgentConn| plan.images.iter().filter(|i| a.holds(&i.reference)).count();
+                let refs: Vec<HeldRef> = plan.images.iter().map(|i| HeldRef::of(&i.reference)).collect();
+                let held = |a: &AgentConn| refs.iter().filter(|r| a.holds(r)).count();
                 let most = hosts.iter().map(|a| held(a)).max().unwrap_or(0);
                 let best: Vec<_> = hosts.into_iter().filter(|a| held(a) == most).collect();
                 return Ok(best[spread % best.len()].clone());

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::decide::Decision;
 use super::{store_failure, Engine, Failure};
 use crate::events::Events;
-use crate::hub::AgentConn;
+use crate::hub::{AgentConn, HeldRef};
 use crate::model::{Action, ConvergeId, RecordedImage};
 use crate::plan::UpPlan;
 
@@ -124,7 +124,7 @@ impl Engine {
         }
         match (d.action, d.recorded) {
             (Action::Skip, Some(entry)) => {
-                let holder = home.holds(&d.image.reference).then(|| home.id.clone());
+                let holder = home.holds(&HeldRef::of(&d.image.reference)).then(|| home.id.clone());
                 Ok((entry.clone(), holder))
             }
             (Action::Build, _) => {

@@ -17,7 +17,7 @@ mod placement;
 pub use placement::Needs;
 use placement::{Candidate, Choice};
 
-use crate::hub::AgentConn;
+use crate::hub::{AgentConn, HeldRef};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -150,6 +150,8 @@ struct Host {
 struct Waiting {
     seq: u64,
     task: TaskInfo,
+    /// The task's ref as inventories spell it, made once for every placement attempt.
+    held: HeldRef,
     needs: Needs,
     since: Instant,
     grant: oneshot::Sender<Result<Grant, Unplaceable>>,
@@ -202,7 +204,8 @@ impl Scheduler {
             let seq = state.next_seq;
             let owner = task.owner.clone();
             crate::metrics::enqueued(&task.reference);
-            let waiting = Waiting { seq, task, needs, since: Instant::now(), grant: tx };
+            let held = HeldRef::of(&task.reference);
+            let waiting = Waiting { seq, task, held, needs, since: Instant::now(), grant: tx };
             let queue = state.queues.entry(owner.clone()).or_default();
             queue.push_back(waiting);
             if queue.len() == 1 {
@@ -419,7 +422,7 @@ impl State {
                     platforms: &h.conn.platforms,
                     slots: h.conn.slots,
                     busy: h.busy,
-                    warm: h.conn.holds(&w.task.reference) || h.conn.built(&w.task.context),
+                    warm: h.conn.holds(&w.held) || h.conn.built(&w.task.context),
                 })
                 .collect();
             let choice = placement::choose(&candidates, &w.needs, waited, affinity_wait, self.turn);

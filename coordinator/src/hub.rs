@@ -109,6 +109,11 @@ impl AgentConn {
         }
     }
 
+    /// It said `GoingAway`: it finishes what it runs and takes nothing new.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
     /// When the agent's last message (a heartbeat, progress, an answer) arrived.
     pub fn last_seen_ms(&self) -> u64 {
         self.last_seen_ms.load(Ordering::Relaxed)
@@ -268,8 +273,13 @@ impl Hub {
 
     /// Connected agents that take work, in id order: a draining one is left out.
     pub fn connected(&self) -> Vec<Arc<AgentConn>> {
-        let mut all: Vec<_> =
-            self.agents.lock().unwrap().values().filter(|a| !a.draining.load(Ordering::Relaxed)).cloned().collect();
+        self.present().into_iter().filter(|a| !a.is_draining()).collect()
+    }
+
+    /// Every agent whose stream is open, in id order, draining ones too: who is there, as
+    /// `kiln agents` and the status page show it, where [`Hub::connected`] is who takes work.
+    pub fn present(&self) -> Vec<Arc<AgentConn>> {
+        let mut all: Vec<_> = self.agents.lock().unwrap().values().cloned().collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }

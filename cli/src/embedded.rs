@@ -127,7 +127,7 @@ impl Embedded {
             if let Ok(reply) = client.agents(AgentsRequest {}).await {
                 let ready = match self.agent {
                     None => true,
-                    Some(_) => reply.into_inner().agents.iter().any(|a| a.connected && a.id == agent_id),
+                    Some(_) => reply.into_inner().agents.iter().any(|a| a.connected && !a.draining && a.id == agent_id),
                 };
                 if ready {
                     return Ok(link);

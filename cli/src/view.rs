@@ -77,6 +77,8 @@ pub struct AgentView {
     pub platforms: Vec<String>,
     pub version: String,
     pub connected: bool,
+    /// Connected, but it said it is going away: it finishes what it runs and takes nothing new.
+    pub draining: bool,
     pub last_seen_ms: u64,
 }
 
@@ -156,6 +158,7 @@ impl From<AgentInfo> for AgentView {
             platforms: a.platforms,
             version: a.version,
             connected: a.connected,
+            draining: a.draining,
             last_seen_ms: a.last_seen_ms,
         }
     }
@@ -259,7 +262,12 @@ pub fn agents_text(agents: &[AgentView], now_ms: u64) -> String {
             join_or_dash(&a.stores),
             join_or_dash(&a.platforms),
             a.version.clone(),
-            if a.connected { "yes" } else { "no" }.to_string(),
+            match (a.connected, a.draining) {
+                (true, false) => "yes",
+                (true, true) => "draining",
+                (false, _) => "no",
+            }
+            .to_string(),
             age(now_ms, a.last_seen_ms),
         ]
     }));
@@ -439,19 +447,24 @@ store containerd:n1 (agent n1): listing failed: socket gone
     }
 
     #[test]
-    fn agents_show_one_aligned_row_each() {
-        let agents = vec![AgentView {
-            id: "embedded-box".into(),
+    fn agents_show_one_aligned_row_each_and_a_draining_one_as_draining() {
+        let agent = |id: &str, connected, draining| AgentView {
+            id: id.into(),
             role: "host",
             stores: vec!["docker:box".into()],
             platforms: vec!["linux/amd64".into()],
             version: "0.1.0".into(),
-            connected: true,
+            connected,
+            draining,
             last_seen_ms: NOW - 2_000,
-        }];
+        };
+        let agents =
+            vec![agent("embedded-box", true, false), agent("leaving", true, true), agent("gone", false, false)];
         let golden = "\
 AGENT         ROLE  STORES      PLATFORMS    VERSION  CONNECTED  LAST SEEN
 embedded-box  host  docker:box  linux/amd64  0.1.0    yes        2 s ago
+leaving       host  docker:box  linux/amd64  0.1.0    draining   2 s ago
+gone          host  docker:box  linux/amd64  0.1.0    no         2 s ago
 ";
         assert_eq!(agents_text(&agents, NOW), golden);
     }
@@ -465,11 +478,12 @@ embedded-box  host  docker:box  linux/amd64  0.1.0    yes        2 s ago
             id: "x".into(),
             role: Role::Both as i32,
             connected: true,
+            draining: true,
             ..Default::default()
         });
         assert_eq!(
             serde_json::to_string(&agent).unwrap(),
-            r#"{"id":"x","role":"both","stores":[],"platforms":[],"version":"","connected":true,"last_seen_ms":0}"#
+            r#"{"id":"x","role":"both","stores":[],"platforms":[],"version":"","connected":true,"draining":true,"last_seen_ms":0}"#
         );
         let recorded = |user: &str, declares_user| kiln_proto::v1::RecordedImage {
             name: "web".into(),

@@ -665,22 +665,26 @@ impl pb::kiln_server::Kiln for KilnService {
     }
 
     async fn agents(&self, _request: Request<pb::AgentsRequest>) -> Result<Response<pb::AgentsReply>, Status> {
-        let connected: Vec<String> = self.engine.hub.connected().iter().map(|a| a.id.clone()).collect();
+        let present = self.engine.hub.present();
         let rows = self.engine.store.agents().await.map_err(store_status)?;
         let agents = rows
             .into_iter()
-            .map(|row| pb::AgentInfo {
-                connected: connected.contains(&row.id.0),
-                id: row.id.0,
-                role: match row.role {
-                    crate::model::AgentRole::Host => pb::Role::Host,
-                    crate::model::AgentRole::Node => pb::Role::Node,
-                    crate::model::AgentRole::Both => pb::Role::Both,
-                } as i32,
-                stores: row.stores,
-                platforms: row.platforms,
-                version: row.version,
-                last_seen_ms: row.last_seen_ms,
+            .map(|row| {
+                let conn = present.iter().find(|a| a.id == row.id.0);
+                pb::AgentInfo {
+                    connected: conn.is_some(),
+                    draining: conn.is_some_and(|a| a.is_draining()),
+                    id: row.id.0,
+                    role: match row.role {
+                        crate::model::AgentRole::Host => pb::Role::Host,
+                        crate::model::AgentRole::Node => pb::Role::Node,
+                        crate::model::AgentRole::Both => pb::Role::Both,
+                    } as i32,
+                    stores: row.stores,
+                    platforms: row.platforms,
+                    version: row.version,
+                    last_seen_ms: row.last_seen_ms,
+                }
             })
             .collect();
         Ok(Response::new(pb::AgentsReply { agents }))

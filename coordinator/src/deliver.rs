@@ -12,10 +12,10 @@
 //! them by kind's labels and streams one `docker save` into each node's `ctr import`.
 
 use crate::events::Events;
-use crate::hub::{AgentConn, Hub, TaskFailure};
+use crate::hub::{AgentConn, Hub};
 use crate::model::{AgentRole, EventKind};
 use crate::relay::Relay;
-use kiln_proto::v1 as pb;
+use crate::task::{FailureKind, Task, TaskFailure, TaskOutcome};
 use std::sync::Arc;
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -32,7 +32,7 @@ pub(crate) enum DeliverError {
 impl From<TaskFailure> for DeliverError {
     fn from(err: TaskFailure) -> DeliverError {
         match err {
-            TaskFailure::Failed { kind: pb::task_error::Kind::ImageGone, message, .. } => DeliverError::Gone(message),
+            TaskFailure::Failed { kind: FailureKind::ImageGone, message, .. } => DeliverError::Gone(message),
             other => DeliverError::Failed(other.to_string()),
         }
     }
@@ -76,8 +76,7 @@ pub(crate) async fn to_nodes(
     let id = host_image_id(host, converge, reference).await?;
 
     // Ask first: a cluster that holds the image already costs one small task per node, no export.
-    let probe = pb::ImportTask { reference: reference.into(), image_id: id.clone(), relay_key: String::new() };
-    let answers = on_nodes(&nodes, converge, probe).await;
+    let answers = on_nodes(&nodes, converge, reference, &id, None).await;
     let mut done = NodesDelivered::default();
     let mut lacking = Vec::new();
     let mut failures = Vec::new();
@@ -152,36 +151,45 @@ async fn export_and_import(
     name: &str,
 ) -> Result<(u64, Vec<Result<bool, String>>), DeliverError> {
     events.emit(EventKind::Pushing, Some(name), format!("exporting {reference} from {}", host.id));
-    let export = pb::ExportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
+    let export = Task::Export { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
     let exporting = async {
-        let exported = host.run(converge, pb::task::Kind::Export(export), |_| {}).await;
+        let exported = host.run(converge, export, |_| {}).await;
         match &exported {
-            Ok(pb::task_result::Outcome::Exported(_)) => {}
+            Ok(TaskOutcome::Exported { .. }) => {}
             Ok(_) => relay.fail(key, "the host answered the export with something else"),
             Err(err) => relay.fail(key, &err.to_string()),
         }
         exported
     };
-    let import = pb::ImportTask { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
-    let (exported, answers) = tokio::join!(exporting, on_nodes(lacking, converge, import));
+    let importing = on_nodes(lacking, converge, reference, id, Some(key));
+    let (exported, answers) = tokio::join!(exporting, importing);
     let bytes = match exported? {
-        pb::task_result::Outcome::Exported(e) => e.bytes,
+        TaskOutcome::Exported { bytes } => bytes,
         _ => return Err(DeliverError::Failed(format!("host {} answered the export with something else", host.id))),
     };
     events.emit(EventKind::Pushed { bytes }, Some(name), format!("to {} node(s)", lacking.len()));
     Ok((bytes, answers))
 }
 
-/// Runs `task` on every node in parallel; per node: whether it skipped (already held), or why it
+/// Imports image `id` as `reference` on every node in parallel, from the relay's `key` (`None`:
+/// only asks whether each holds it); per node: whether it skipped (already held), or why it
 /// failed. Answers come back in `nodes`' order.
-async fn on_nodes(nodes: &[Arc<AgentConn>], converge: &str, task: pb::ImportTask) -> Vec<Result<bool, String>> {
+async fn on_nodes(
+    nodes: &[Arc<AgentConn>],
+    converge: &str,
+    reference: &str,
+    id: &str,
+    key: Option<&str>,
+) -> Vec<Result<bool, String>> {
     let mut set = JoinSet::new();
     for (i, node) in nodes.iter().enumerate() {
-        let (node, converge, task) = (node.clone(), converge.to_string(), task.clone());
+        let task =
+            Task::Import { reference: reference.into(), image_id: id.into(), relay_key: key.map(str::to_string) };
+        let (node, converge) = (node.clone(), converge.to_string());
         // In the delivery's span: a spawned task starts outside it.
         let importing = async move {
-            let answer = match node.run(&converge, pb::task::Kind::Import(task), |_| {}).await {
-                Ok(pb::task_result::Outcome::Imported(i)) => Ok(i.skipped),
+            let answer = match node.run(&converge, task, |_| {}).await {
+                Ok(TaskOutcome::Imported { skipped, .. }) => Ok(skipped),
                 Ok(_) => Err("answered the import with something else (an older agent?)".to_string()),
                 Err(TaskFailure::Failed { message, .. }) => Err(message),
                 Err(err) => Err(err.to_string()),
@@ -211,28 +219,28 @@ pub(crate) async fn to_kind(
     events: &Events,
 ) -> Result<Vec<String>, DeliverError> {
     let id = host_image_id(host, converge, reference).await?;
-    let task = pb::KindLoadTask { reference: reference.into(), image_id: id, cluster: cluster.into() };
-    let loaded = match host.run(converge, pb::task::Kind::KindLoad(task), |_| {}).await? {
-        pb::task_result::Outcome::KindLoaded(k) => k,
+    let task = Task::KindLoad { reference: reference.into(), image_id: id, cluster: cluster.into() };
+    let (loaded, skipped) = match host.run(converge, task, |_| {}).await? {
+        TaskOutcome::KindLoaded { loaded, skipped } => (loaded, skipped),
         _ => return Err(DeliverError::Failed(format!("host {} answered the kind load with something else", host.id))),
     };
-    let message = match (loaded.loaded.len(), loaded.skipped.len()) {
+    let message = match (loaded.len(), skipped.len()) {
         (0, _) => format!("every node of kind cluster {cluster} already holds {reference}"),
         (n, 0) => format!("{reference} to {n} node(s) of kind cluster {cluster}"),
         (n, s) => format!("{reference} to {n} node(s) of kind cluster {cluster} ({s} already held it)"),
     };
-    if narrate || !loaded.loaded.is_empty() {
+    if narrate || !loaded.is_empty() {
         events.emit(EventKind::Delivered, Some(name), message);
     }
-    Ok(loaded.loaded)
+    Ok(loaded)
 }
 
 /// The id of the image `reference` names on `host`; gone is a reason to rebuild.
 async fn host_image_id(host: &AgentConn, converge: &str, reference: &str) -> Result<String, DeliverError> {
-    let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: reference.into() });
+    let inspect = Task::Inspect { reference: reference.into() };
     match host.run(converge, inspect, |_| {}).await? {
-        pb::task_result::Outcome::Inspected(i) if i.present => Ok(i.id),
-        pb::task_result::Outcome::Inspected(_) => {
+        TaskOutcome::Inspected(Some(image)) => Ok(image.id),
+        TaskOutcome::Inspected(None) => {
             Err(DeliverError::Gone(format!("{reference} left host {} before its delivery", host.id)))
         }
         _ => Err(DeliverError::Failed(format!("host {} answered the inspect with something else", host.id))),

@@ -7,6 +7,7 @@
 
 use crate::model::{AgentId, AgentRole, AgentRow};
 use crate::state::StateStore;
+use crate::task::{Progress, Task, TaskFailure, TaskOutcome};
 use kiln_proto::v1 as pb;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -81,43 +82,10 @@ pub struct AgentConn {
 
 #[derive(Debug)]
 struct Pending {
-    progress: mpsc::UnboundedSender<pb::TaskProgress>,
+    progress: mpsc::UnboundedSender<Progress>,
     done: oneshot::Sender<pb::TaskResult>,
     /// The last sign of life: a progress message, or a heartbeat naming the task.
     alive: Arc<Mutex<Instant>>,
-}
-
-/// Why a task produced no result.
-#[derive(Debug, thiserror::Error)]
-pub enum TaskFailure {
-    #[error("agent {agent} went away while running the task — its stream broke or it was silent past its lease")]
-    Lost { agent: String },
-    #[error("agent {agent}: {message}")]
-    Failed {
-        agent: String,
-        kind: pb::task_error::Kind,
-        message: String,
-        /// A failed build: the Dockerfile's 1-based step that failed, when the builder said.
-        step: Option<u32>,
-    },
-    #[error("agent {agent} answered a task without an outcome")]
-    Empty { agent: String },
-    #[error("agent {agent} showed no sign of the task for {secs} s (no progress, and its heartbeats do not name it); given up")]
-    Stalled { agent: String, secs: u64 },
-}
-
-impl TaskFailure {
-    /// The agent, not the task, failed: the task may run elsewhere.
-    pub fn agent_lost(&self) -> bool {
-        matches!(
-            self,
-            TaskFailure::Lost { .. }
-                | TaskFailure::Stalled { .. }
-                | TaskFailure::Empty { .. }
-                // A task that reached a draining agent before its `GoingAway` reached us.
-                | TaskFailure::Failed { kind: pb::task_error::Kind::Draining, .. }
-        )
-    }
 }
 
 impl AgentConn {
@@ -139,6 +107,11 @@ impl AgentConn {
             version: self.version.clone(),
             last_seen_ms: self.last_seen_ms(),
         }
+    }
+
+    /// It said `GoingAway`: it finishes what it runs and takes nothing new.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
     }
 
     /// When the agent's last message (a heartbeat, progress, an answer) arrived.
@@ -163,33 +136,29 @@ impl AgentConn {
     pub async fn run(
         &self,
         converge: &str,
-        kind: pb::task::Kind,
-        on_progress: impl FnMut(pb::TaskProgress),
-    ) -> Result<pb::task_result::Outcome, TaskFailure> {
+        task: Task,
+        on_progress: impl FnMut(Progress),
+    ) -> Result<TaskOutcome, TaskFailure> {
         let task_id = format!("{}-{}", self.id, self.next_task.fetch_add(1, Ordering::Relaxed));
-        let name = task_name(&kind);
+        let name = task.name();
         let span = tracing::info_span!("task", otel.name = %format!("task {name}"), task = %task_id, agent = %self.id);
-        self.run_traced(converge, task_id, kind, on_progress, &span).instrument(span.clone()).await
+        self.run_traced(converge, task_id, task, on_progress, &span).instrument(span.clone()).await
     }
 
     async fn run_traced(
         &self,
         converge: &str,
         task_id: String,
-        kind: pb::task::Kind,
-        mut on_progress: impl FnMut(pb::TaskProgress),
+        task: Task,
+        mut on_progress: impl FnMut(Progress),
         span: &tracing::Span,
-    ) -> Result<pb::task_result::Outcome, TaskFailure> {
+    ) -> Result<TaskOutcome, TaskFailure> {
         // A context goes only to a host agent running a build of it, for as long as it runs.
-        let context = match &kind {
-            pb::task::Kind::Build(b) => Some(b.context_digest.clone()),
+        let built = match &task {
+            Task::Build(b) => Some((b.tag.clone(), b.context.to_string())),
             _ => None,
         };
-        let _building = context.map(|digest| Building::start(self, digest));
-        let built = match &kind {
-            pb::task::Kind::Build(b) => Some((b.tag.clone(), b.context_digest.clone())),
-            _ => None,
-        };
+        let _building = built.as_ref().map(|(_, digest)| Building::start(self, digest.clone()));
         let (progress_tx, mut progress_rx) = mpsc::unbounded_channel();
         let (done_tx, mut done_rx) = oneshot::channel();
         let alive = Arc::new(Mutex::new(Instant::now()));
@@ -198,8 +167,12 @@ impl AgentConn {
         let mut outstanding = Outstanding { conn: self, task_id: Some(task_id.clone()) };
         // The agent's spans join this one: the stream's metadata cannot carry a per-task context.
         let traceparent = kiln_telemetry::traceparent(span);
-        let task =
-            pb::Task { task_id: task_id.clone(), converge_id: converge.to_string(), kind: Some(kind), traceparent };
+        let task = pb::Task {
+            task_id: task_id.clone(),
+            converge_id: converge.to_string(),
+            kind: Some(task.into()),
+            traceparent,
+        };
         let msg = pb::CoordinatorMessage { body: Some(pb::coordinator_message::Body::Task(task)) };
         if self.tx.send(Ok(msg)).await.is_err() {
             outstanding.settled();
@@ -228,28 +201,26 @@ impl AgentConn {
             on_progress(p);
         }
         let agent = self.id.clone();
-        match &result {
-            Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Built(_)), .. }) => {
+        let outcome = match result {
+            Err(_) => return Err(TaskFailure::Lost { agent }),
+            Ok(pb::TaskResult { outcome: None, .. }) => return Err(TaskFailure::Empty { agent }),
+            Ok(pb::TaskResult { outcome: Some(outcome), .. }) => TaskOutcome::try_from(outcome)
+                .map_err(|e| TaskFailure::Failed { agent, kind: e.kind, message: e.message, step: e.step })?,
+        };
+        match &outcome {
+            TaskOutcome::Built { .. } => {
                 if let Some((tag, context)) = built {
                     self.held.lock().unwrap().insert(normalized(&tag));
                     self.built.lock().unwrap().insert(context);
                 }
             }
-            Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Listing(l)), .. }) => {
+            TaskOutcome::Listing(l) => {
                 let refs = l.images.iter().flat_map(|i| i.refs.iter().map(|r| normalized(r))).collect();
                 *self.held.lock().unwrap() = refs;
             }
             _ => {}
         }
-        match result {
-            Err(_) => Err(TaskFailure::Lost { agent }),
-            Ok(pb::TaskResult { outcome: Some(pb::task_result::Outcome::Error(e)), .. }) => {
-                let step = (e.step > 0).then_some(e.step);
-                Err(TaskFailure::Failed { agent, kind: e.kind(), message: e.message, step })
-            }
-            Ok(pb::TaskResult { outcome: Some(outcome), .. }) => Ok(outcome),
-            Ok(pb::TaskResult { outcome: None, .. }) => Err(TaskFailure::Empty { agent }),
-        }
+        Ok(outcome)
     }
 
     /// Whether the agent runs a build of the context `digest` now.
@@ -262,7 +233,7 @@ impl AgentConn {
         match msg {
             Body::Progress(p) => {
                 if let Some(pending) = self.pending.lock().unwrap().get(&p.task_id) {
-                    let _ = pending.progress.send(p);
+                    let _ = pending.progress.send(p.into());
                 }
             }
             Body::Result(r) => {
@@ -302,8 +273,13 @@ impl Hub {
 
     /// Connected agents that take work, in id order: a draining one is left out.
     pub fn connected(&self) -> Vec<Arc<AgentConn>> {
-        let mut all: Vec<_> =
-            self.agents.lock().unwrap().values().filter(|a| !a.draining.load(Ordering::Relaxed)).cloned().collect();
+        self.present().into_iter().filter(|a| !a.is_draining()).collect()
+    }
+
+    /// Every agent whose stream is open, in id order, draining ones too: who is there, as
+    /// `kiln agents` and the status page show it, where [`Hub::connected`] is who takes work.
+    pub fn present(&self) -> Vec<Arc<AgentConn>> {
+        let mut all: Vec<_> = self.agents.lock().unwrap().values().cloned().collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
     }
@@ -436,23 +412,6 @@ impl Hub {
                 conn.pending.lock().unwrap().clear();
             }
         }
-    }
-}
-
-/// A task's kind as its span names it: `task build`, `task push`.
-fn task_name(kind: &pb::task::Kind) -> &'static str {
-    use pb::task::Kind;
-    match kind {
-        Kind::Build(_) => "build",
-        Kind::Push(_) => "push",
-        Kind::List(_) => "list",
-        Kind::Inspect(_) => "inspect",
-        Kind::Remove(_) => "remove",
-        Kind::Export(_) => "export",
-        Kind::Import(_) => "import",
-        Kind::KindLoad(_) => "kind_load",
-        Kind::Tag(_) => "tag",
-        Kind::Probe(_) => "probe",
     }
 }
 

@@ -9,7 +9,8 @@
 //! - [`serve`] — start here: opens the state, fails converges a crash left running, and serves
 //!   the three gRPC services on a listener the caller bound.
 //! - `engine` — the converge, step by step (DESIGN.md "The converge"); `plan` converts the request.
-//! - `hub` — agents' `Connect` streams and the tasks sent over them; `contexts` — the content store.
+//! - `hub` — agents' `Connect` streams and the tasks sent over them, as `task`'s domain types
+//!   (prost stops at the hub); `contexts` — the content store.
 //! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
 //! - `sweep` — reachability garbage collection: list the stores, gather the roots, plan with
 //!   `kiln_core::sweep::plan`, remove through the agents, confirm by listing again.
@@ -41,6 +42,7 @@ mod relay;
 mod schedule;
 mod server;
 mod sweep;
+mod task;
 mod web;
 
 pub use server::{serve, Config, ServeError, ServerTls, DEFAULT_MAX_UPLOAD_BYTES};

@@ -343,6 +343,14 @@ impl SimFarm {
         }
     }
 
+    /// Tells agent `i` to stop the way SIGTERM does: it says `GoingAway`, finishes what it runs
+    /// (handing it back past its drain grace), then exits.
+    pub fn stop_agent(&mut self, i: usize) {
+        if let Some(stop) = self.agents[i].stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
     /// Waits until the coordinator lists `n` connected agents.
     pub async fn wait_connected(&self, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(60);

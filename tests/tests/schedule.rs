@@ -338,3 +338,38 @@ async fn ps_says_a_built_image_is_delivering_while_its_delivery_holds_the_slot()
     assert!(succeeded(&events), "{events:#?}");
     farm.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_going_away_is_listed_as_draining_not_as_gone() {
+    let mut farm = SimFarm::start(1, 1, Duration::from_millis(10), |_| {}).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("drain");
+    write_instance(&dir, "draining", None, &[("app", "v1")]);
+    // A build that never ends keeps the agent draining: with nothing to finish, it would be told
+    // `Drained` and leave at once.
+    farm.agents[0].store.hang_builds_of("draining");
+    let url = farm.url.clone();
+    let converge = tokio::spawn(async move { wire::up(&url, &dir, false).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while farm.agents[0].store.running() == 0 {
+        assert!(Instant::now() < deadline, "the build never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    farm.stop_agent(0);
+    let id = farm.agents[0].id.clone();
+    let mut client = farm.client().await.unwrap();
+    let listed = loop {
+        let agents = client.agents(pb::AgentsRequest {}).await.unwrap().into_inner().agents;
+        let listed = agents.into_iter().find(|a| a.id == id).expect("the agent is listed");
+        if listed.draining {
+            break listed;
+        }
+        assert!(listed.connected, "the agent was listed as gone while it still ran its build: {listed:?}");
+        assert!(Instant::now() < deadline, "the agent was never listed as draining: {listed:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(listed.connected, "a draining agent is still connected: {listed:?}");
+    converge.abort();
+    farm.stop().await;
+}

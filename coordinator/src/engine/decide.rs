@@ -15,13 +15,13 @@ use std::collections::BTreeMap;
 
 use kiln_core::refs::ImageRef;
 use kiln_core::sweep::{hold_ref, ListedImage, LABEL_FARM, LABEL_KIND};
-use kiln_proto::v1 as pb;
 
 use super::{Engine, Failure};
 use crate::events::Events;
 use crate::hub::{AgentConn, HeldRef};
 use crate::model::{Action, AddressInputs, ConvergeId, EventKind, Input, InputChange, Reason, Record, RecordedImage};
 use crate::plan::{BuildInputs, PlanImage, Target, UpPlan};
+use crate::task::{Task, TaskOutcome};
 
 /// One built image's way through the converge.
 #[derive(Debug)]
@@ -174,9 +174,9 @@ impl Engine {
         if image.refs.iter().any(|r| ImageRef::parse(r).ok() == ImageRef::parse(&hold).ok()) {
             return;
         }
-        let task = pb::task::Kind::Tag(pb::TagTask { image_id: image.id.clone(), reference: hold.clone() });
+        let task = Task::Tag { image_id: image.id.clone(), reference: hold.clone() };
         match host.run(id.as_str(), task, |_| {}).await {
-            Ok(pb::task_result::Outcome::Tagged(_)) => {}
+            Ok(TaskOutcome::Tagged) => {}
             Ok(_) => {
                 events.emit(EventKind::Note, None, format!("host {} cannot tag {hold} (an older agent?)", host.id))
             }
@@ -217,18 +217,17 @@ impl Engine {
 /// as "absent": the converge then pushes, which is always safe.
 async fn probe(host: &AgentConn, id: &ConvergeId, references: Vec<String>) -> Vec<bool> {
     let asked = references.len();
-    match host.run(id.as_str(), pb::task::Kind::Probe(pb::ProbeTask { references }), |_| {}).await {
-        Ok(pb::task_result::Outcome::Probed(p)) if p.present.len() == asked => p.present,
+    match host.run(id.as_str(), Task::Probe { references }, |_| {}).await {
+        Ok(TaskOutcome::Probed { present }) if present.len() == asked => present,
         _ => vec![false; asked],
     }
 }
 
 /// Lists a host store; an error is a reason, so the caller can say why it counts as empty.
 pub(super) async fn list(host: &AgentConn, converge: &str) -> Result<Vec<ListedImage>, String> {
-    match host.run(converge, pb::task::Kind::List(pb::ListTask::default()), |_| {}).await {
-        Ok(pb::task_result::Outcome::Listing(l)) => {
-            Ok(l.images.into_iter().map(crate::convert::listed_image).collect())
-        }
+    let task = Task::List { store: None, workloads: false, layers: false };
+    match host.run(converge, task, |_| {}).await {
+        Ok(TaskOutcome::Listing(l)) => Ok(l.images),
         Ok(_) => Err("the agent answered the listing with something else".to_string()),
         Err(err) => Err(err.to_string()),
     }

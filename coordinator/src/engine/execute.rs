@@ -8,17 +8,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kiln_core::sweep::{LABEL_CONTEXT, LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
-use kiln_proto::v1 as pb;
 use tracing::Instrument;
 
 use super::decide::{address_inputs, Decision};
 use super::{Engine, Failure};
 use crate::deliver::{self, DeliverError};
 use crate::events::Events;
-use crate::hub::{AgentConn, TaskFailure};
+use crate::hub::AgentConn;
 use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
 use crate::plan::{Target, UpPlan};
 use crate::schedule::{Grant, Needs, TaskInfo};
+use crate::task::{BuildTask, FailureKind, Inspected, Task, TaskFailure, TaskOutcome};
 
 /// A build lost on its agent is queued again elsewhere at most this often.
 const REQUEUES: usize = 2;
@@ -144,12 +144,12 @@ impl Engine {
                     if d.confirming && rebuilt == 0 {
                         self.confirmed(d, moved, generation, events);
                     }
-                    let inspect = pb::task::Kind::Inspect(pb::InspectTask { reference: reference.clone() });
+                    let inspect = Task::Inspect { reference: reference.clone() };
                     match host.run(id.as_str(), inspect, |_| {}).await {
-                        Ok(pb::task_result::Outcome::Inspected(i)) if i.present => {
-                            return Ok(self.entry(plan, d, i, rebuilt > 0 || d.action == Action::Build));
+                        Ok(TaskOutcome::Inspected(Some(image))) => {
+                            return Ok(self.entry(plan, d, image, rebuilt > 0 || d.action == Action::Build));
                         }
-                        Ok(pb::task_result::Outcome::Inspected(_)) => {
+                        Ok(TaskOutcome::Inspected(None)) => {
                             format!("{reference} left host {} right after its delivery", host.id)
                         }
                         Ok(_) => {
@@ -278,7 +278,7 @@ impl Engine {
 
     /// The record entry of an image this converge delivered. One whose build and delivery both
     /// were skipped keeps its entry as it was, so a no-op writes no generation.
-    fn entry(&self, plan: &UpPlan, d: &Decision<'_>, inspected: pb::Inspected, rebuilt: bool) -> RecordedImage {
+    fn entry(&self, plan: &UpPlan, d: &Decision<'_>, inspected: Inspected, rebuilt: bool) -> RecordedImage {
         if let (Some(entry), false) = (d.recorded, rebuilt) {
             if d.confirming {
                 return entry.clone();
@@ -290,7 +290,7 @@ impl Engine {
             kind: RecordedKind::Built,
             target: plan.target.identity(),
             context: Some(d.inputs.context.to_string()),
-            user: inspected.declares_user.then_some(inspected.user),
+            user: inspected.user,
             inputs: Some(address_inputs(d.inputs, &plan.platforms)),
             image_id: Some(inspected.id).filter(|id| !id.is_empty()),
         }
@@ -322,31 +322,30 @@ impl Engine {
         }
         labels.insert(LABEL_FARM.to_string(), self.config.farm.clone());
         labels.insert(LABEL_CONTEXT.to_string(), inputs.context.to_string());
-        let task = pb::BuildTask {
+        let task = Task::Build(BuildTask {
             tag: d.image.reference.clone(),
-            context_digest: inputs.context.to_string(),
+            context: inputs.context,
             dockerfile: inputs.dockerfile.clone(),
             dockerfile_outside: inputs.dockerfile_outside.clone(),
-            args: inputs.args.clone().into_iter().collect(),
+            args: inputs.args.clone(),
             target_stage: inputs.target_stage.clone(),
             platform: plan.platforms.first().cloned().unwrap_or_default(),
-            labels: labels.into_iter().collect(),
-            no_cache: false,
-        };
+            labels,
+        });
         let started = Instant::now();
         let mut retried = false;
         let result = loop {
             let result = host
-                .run(id.as_str(), pb::task::Kind::Build(task.clone()), |p| {
-                    if !p.log_line.is_empty() {
-                        events.emit(EventKind::BuildLog, Some(name), p.log_line);
+                .run(id.as_str(), task.clone(), |p| {
+                    if let Some(line) = p.log_line {
+                        events.emit(EventKind::BuildLog, Some(name), line);
                     }
                 })
                 .await;
             // Docker's classic builder fails a step whose cached parent image was removed while
             // it ran (another sweep or `docker rmi` on the same daemon). Once more builds it anew.
             match &result {
-                Err(TaskFailure::Failed { kind: pb::task_error::Kind::CacheVanished, .. }) if !retried => {
+                Err(TaskFailure::Failed { kind: FailureKind::CacheVanished, .. }) if !retried => {
                     retried = true;
                     events.emit(EventKind::Note, Some(name), "a cached build step vanished mid-build; building again");
                 }
@@ -354,7 +353,7 @@ impl Engine {
             }
         };
         match result {
-            Ok(pb::task_result::Outcome::Built(_)) => {
+            Ok(TaskOutcome::Built { .. }) => {
                 self.metrics.built(reason);
                 let secs = started.elapsed().as_secs_f64();
                 events.emit(EventKind::Built { secs }, Some(name), "");
@@ -366,13 +365,13 @@ impl Engine {
             ))),
             Err(err) if err.agent_lost() => Err(BuildError::AgentLost(err)),
             Err(err) => {
-                if let TaskFailure::Failed { kind: pb::task_error::Kind::ContextMismatch, .. } = err {
+                if let TaskFailure::Failed { kind: FailureKind::ContextMismatch, .. } = err {
                     self.contexts.forget(&inputs.context).await;
                 }
                 // The step as the agent typed it: the builder's count (BuildKit's leaves out a
                 // `FROM scratch`, the classic builder's counts every instruction).
                 let at = match &err {
-                    TaskFailure::Failed { kind: pb::task_error::Kind::BuildFailed, step: Some(step), .. } => {
+                    TaskFailure::Failed { kind: FailureKind::BuildFailed, step: Some(step), .. } => {
                         format!(" at build step {step}")
                     }
                     _ => String::new(),
@@ -399,10 +398,10 @@ impl Engine {
         match &plan.target {
             Target::Registry { registry } => {
                 events.emit(EventKind::Pushing, Some(name), format!("to {registry}"));
-                let push = pb::task::Kind::Push(pb::PushTask { reference: reference.clone() });
+                let push = Task::Push { reference: reference.clone() };
                 let outcome = host.run(id.as_str(), push, |p| events.progress(name, p.current, p.total)).await?;
                 let bytes = match outcome {
-                    pb::task_result::Outcome::Pushed(p) => p.bytes,
+                    TaskOutcome::Pushed { bytes, .. } => bytes,
                     _ => 0,
                 };
                 events.emit(EventKind::Pushed { bytes }, Some(name), "");

@@ -33,6 +33,7 @@ use crate::events::Events;
 use crate::hub::AgentConn;
 use crate::model::{ConvergeId, EventKind};
 use crate::state::StateError;
+use crate::task::{Task, TaskOutcome};
 pub(crate) use ledger::Ledger;
 use report::{confirm, owner, restrict, target_text, Confirmed};
 
@@ -348,10 +349,10 @@ async fn list_all(held: &[Held], converge: &ConvergeId, workloads: bool, layers:
 
 async fn list(store: &Held, converge: &ConvergeId, workloads: bool, with_layers: bool) -> Result<Read, String> {
     // A sweep's listings carry layers, so what it frees is counted in real bytes.
-    let task = pb::ListTask { workloads, store: store.store.0.clone(), layers: with_layers };
-    match store.agent.run(converge.as_str(), pb::task::Kind::List(task), |_| {}).await {
-        Ok(pb::task_result::Outcome::Listing(l)) => Ok(Read {
-            images: l.images.into_iter().map(crate::convert::listed_image).collect(),
+    let task = Task::List { store: Some(store.store.clone()), workloads, layers: with_layers };
+    match store.agent.run(converge.as_str(), task, |_| {}).await {
+        Ok(TaskOutcome::Listing(l)) => Ok(Read {
+            images: l.images,
             in_use: l.in_use,
             workloads_listed: l.workloads_listed,
             removes_whole_ids: l.removes_whole_ids,
@@ -369,18 +370,17 @@ async fn execute(
     owners: &HashMap<String, String>,
     before: &[ListedImage],
 ) -> Result<Confirmed, String> {
-    let mut task = pb::RemoveTask { store: store.store.0.clone(), ..Default::default() };
+    let (mut references, mut image_ids) = (Vec::new(), Vec::new());
     for removal in &store_plan.removals {
         match &removal.target {
-            RemovalTarget::Ref(reference) => task.references.push(reference.clone()),
-            RemovalTarget::Id(id) => task.image_ids.push(id.clone()),
+            RemovalTarget::Ref(reference) => references.push(reference.clone()),
+            RemovalTarget::Id(id) => image_ids.push(id.clone()),
         }
     }
+    let task = Task::Remove { store: store.store.clone(), references, image_ids };
     let mut failures: HashMap<String, String> = HashMap::new();
-    match store.agent.run(converge.as_str(), pb::task::Kind::Remove(task), |_| {}).await {
-        Ok(pb::task_result::Outcome::Removed(removed)) => {
-            failures.extend(removed.failures.into_iter().map(|f| (f.reference, f.reason)));
-        }
+    match store.agent.run(converge.as_str(), task, |_| {}).await {
+        Ok(TaskOutcome::Removed(removed)) => failures.extend(removed.failures),
         // The task may have run in part; the re-listing below says what went.
         Ok(_) => {
             let why = format!("agent {} answered the removal with something else", store.agent.id);

@@ -197,7 +197,11 @@ fn agent_row(out: &mut String, now: u64, a: &Agent) {
     };
     td(out, "slots", &slots);
     td(out, "last seen", &when(now, a.last_seen_ms));
-    let state = if a.connected { r#"<span class="state succeeded">connected</span>"# } else { "gone" };
+    let state = match (a.connected, a.draining) {
+        (true, false) => r#"<span class="state succeeded">connected</span>"#,
+        (true, true) => r#"<span class="state running">draining</span>"#,
+        (false, _) => "gone",
+    };
     td(out, "state", state);
     out.push_str("</tr>");
 }
@@ -525,6 +529,28 @@ mod tests {
         assert!(page(&s, LogPart::Omit).contains("the farm's active coordinator is at https://coord-b:7070"));
         s.standby = None;
         assert!(!page(&s, LogPart::Omit).contains("stands by"));
+    }
+
+    #[test]
+    fn a_draining_agent_reads_as_draining_not_gone() {
+        let agent = |id: &str, connected, draining| crate::web::view::Agent {
+            id: id.into(),
+            role: "host".into(),
+            platforms: Vec::new(),
+            stores: Vec::new(),
+            slots: 1,
+            busy: 1,
+            version: "0.1.0".into(),
+            last_seen_ms: 0,
+            connected,
+            draining,
+        };
+        let mut s = status();
+        s.agents = vec![agent("leaving", true, true), agent("left", false, false)];
+        let html = page(&s, LogPart::Omit);
+        let row = |id: &str| html.split(&format!("<b>{id}</b>")).nth(1).unwrap().split("</tr>").next().unwrap();
+        assert!(row("leaving").contains(">draining</span>"), "{html}");
+        assert!(row("left").contains(">gone<"), "{html}");
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub(crate) struct Agent {
     pub version: String,
     pub last_seen_ms: u64,
     pub connected: bool,
+    /// Connected, but going away: it finishes what it runs and takes nothing new.
+    pub draining: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -231,7 +233,7 @@ pub(crate) async fn gather(
 
 /// Every agent ever seen, the connected ones first, as they are now.
 async fn agents(engine: &Engine, tasks: &[crate::schedule::TaskView]) -> Result<Vec<Agent>, StateError> {
-    let connected = engine.hub.connected();
+    let connected = engine.hub.present();
     let busy = |id: &str| tasks.iter().filter(|t| t.agent == id).count() as u32;
     let mut agents: Vec<Agent> = connected
         .iter()
@@ -245,6 +247,7 @@ async fn agents(engine: &Engine, tasks: &[crate::schedule::TaskView]) -> Result<
             version: conn.version.clone(),
             last_seen_ms: conn.last_seen_ms(),
             connected: true,
+            draining: conn.is_draining(),
         })
         .collect();
     for row in engine.store.agents().await? {
@@ -261,6 +264,7 @@ async fn agents(engine: &Engine, tasks: &[crate::schedule::TaskView]) -> Result<
             version: row.version,
             last_seen_ms: row.last_seen_ms,
             connected: false,
+            draining: false,
         });
     }
     Ok(agents)

@@ -917,9 +917,15 @@ pub struct AgentInfo {
     pub version: ::prost::alloc::string::String,
     #[prost(uint64, tag = "6")]
     pub last_seen_ms: u64,
-    /// NextId: 8
+    /// Its stream is open, draining or not.
     #[prost(bool, tag = "7")]
     pub connected: bool,
+    /// It said `GoingAway`: connected, it finishes what it runs and takes nothing new. An older
+    /// coordinator never sets it, and lists a draining agent as not connected.
+    ///
+    /// NextId: 9
+    #[prost(bool, tag = "8")]
+    pub draining: bool,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]

@@ -400,9 +400,10 @@ impl Engine {
                 events.emit(EventKind::Pushing, Some(name), format!("to {registry}"));
                 let push = Task::Push { reference: reference.clone() };
                 let outcome = host.run(id.as_str(), push, |p| events.progress(name, p.current, p.total)).await?;
-                let bytes = match outcome {
-                    TaskOutcome::Pushed { bytes, .. } => bytes,
-                    _ => 0,
+                // Anything but "pushed" is not a push: counting it as one would record a ref the
+                // registry may not hold.
+                let TaskOutcome::Pushed { bytes, .. } = outcome else {
+                    return Err(DeliverError::Failed(format!("host {} answered the push with something else", host.id)));
                 };
                 events.emit(EventKind::Pushed { bytes }, Some(name), "");
                 self.metrics.delivered(plan.target.identity(), bytes);

@@ -34,12 +34,12 @@ pub struct FarmArgs {
     /// Keep the coordinator's state on a throwaway PostgreSQL cluster instead of SQLite.
     #[arg(long)]
     postgres: bool,
-    /// Run the coordinator as its own process (`kiln-coordinator` beside this binary, SQLite state),
-    /// at a nice level 10 below this process's: run the bench under `nice -n 10` and the
+    /// Run the coordinator as its own process (`kiln-coordinator` beside this binary; SQLite state,
+    /// or the throwaway PostgreSQL with `--postgres`), at a nice level 10 below this process's: run the bench under `nice -n 10` and the
     /// coordinator gets the CPU it would have on a machine of its own, while the simulated agents
     /// and clients share what is left. Dispatch latency is then not measured (its queue times live
     /// in the coordinator's process).
-    #[arg(long, conflicts_with = "postgres")]
+    #[arg(long)]
     external: bool,
 }
 
@@ -100,9 +100,14 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     let build = Duration::from_millis(args.build_ms);
     eprintln!("starting a coordinator and {} simulated agents …", args.agents);
     let started = Instant::now();
-    let postgres = args.postgres.then(kiln_e2e::postgres::Postgres::start);
+    // Durable (fsync on, as SQLite's state is), and with `--external` at the coordinator's
+    // priority: a farm's database has a machine of its own too. Backends inherit the postmaster's.
+    let postgres = args.postgres.then(kiln_e2e::postgres::Postgres::start_durable);
+    if let (Some(pg), true) = (&postgres, args.external) {
+        std::process::Command::new("renice").args(["-n", "-10", "-p", &pg.pid().to_string()]).status()?;
+    }
     let database = postgres.as_ref().map(|pg| rt.block_on(pg.create_database()).url);
-    let external = args.external.then(|| External::start(scratch.path())).transpose()?;
+    let external = args.external.then(|| External::start(scratch.path(), database.as_deref())).transpose()?;
     let farm = match &external {
         Some(coordinator) => rt.block_on(SimFarm::join(&coordinator.url, args.agents, args.slots, build)),
         None => rt.block_on(SimFarm::start(args.agents, args.slots, build, |config| config.database = database)),
@@ -292,19 +297,20 @@ struct External {
 }
 
 impl External {
-    fn start(dir: &Path) -> Result<External> {
+    fn start(dir: &Path, database: Option<&str>) -> Result<External> {
         let binary = std::env::current_exe()?.with_file_name("kiln-coordinator");
         if !binary.is_file() {
             bail!("{} is not built — cargo build --release -p kiln-coordinator", binary.display());
         }
         let addr = kiln_e2e::free_addr();
         // Ten nice levels above this process's: the bench runs under `nice -n 10`.
-        let child = std::process::Command::new("nice")
-            .args(["-n", "-10"])
-            .arg(&binary)
-            .args(["--dev", "--farm", "bench", "--listen", &addr.to_string()])
-            .arg("--state")
-            .arg(dir.join("coordinator"))
+        let mut command = std::process::Command::new("nice");
+        command.args(["-n", "-10"]).arg(&binary).args(["--dev", "--farm", "bench", "--listen", &addr.to_string()]);
+        match database {
+            Some(url) => command.args(["--state", url]).arg("--data-dir").arg(dir.join("coordinator-data")),
+            None => command.arg("--state").arg(dir.join("coordinator")),
+        };
+        let child = command
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -29,7 +29,10 @@ pub(crate) const UPLOAD_MESSAGE_MAX: usize = 2 << 20;
 pub struct Contexts {
     dir: PathBuf,
     pub(crate) store: Arc<dyn StateStore>,
-    arrived: Notify,
+    /// Each context that lands, by digest. A converge waiting for its uploads looks again only
+    /// when one of its own arrives: a wake-up of every waiter per upload had one round of 200
+    /// converges ask the state which contexts it holds 157,000 times.
+    arrived: tokio::sync::broadcast::Sender<String>,
     /// Held while a context is collected and while an upload lands, so an upload that arrives
     /// just after its row was collected is never deleted with the old file.
     landing: tokio::sync::Mutex<()>,
@@ -73,7 +76,7 @@ impl Contexts {
         Ok(Contexts {
             dir,
             store,
-            arrived: Notify::new(),
+            arrived: tokio::sync::broadcast::channel(1024).0,
             landing: tokio::sync::Mutex::new(()),
             max_upload_bytes: crate::server::DEFAULT_MAX_UPLOAD_BYTES,
             metrics,
@@ -143,14 +146,18 @@ impl Contexts {
     /// Waits until every digest is stored, or `timeout` passes; returns those still missing.
     pub async fn wait_for(&self, digests: &[String], timeout: Duration) -> Result<Vec<String>, Status> {
         let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.arrived.notified();
-            let missing = self.missing(digests).await?;
-            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
-                return Ok(missing);
+        // Listening before the first look: nothing lands unheard between the two.
+        let mut arrivals = self.arrived.subscribe();
+        let mut missing = self.missing(digests).await?;
+        while !missing.is_empty() {
+            match tokio::time::timeout_at(deadline, arrivals.recv()).await {
+                Err(_elapsed) => break,
+                Ok(Ok(digest)) if !missing.contains(&digest) => continue,
+                // One of ours landed, or arrivals were missed (lagged): look again.
+                Ok(_) => missing = self.missing(&missing).await?,
             }
-            let _ = tokio::time::timeout_at(deadline, notified).await;
         }
+        Ok(missing)
     }
 
     async fn accept(
@@ -225,7 +232,8 @@ impl Contexts {
         self.store.put_context(row).await.map_err(|e| Status::internal(e.to_string()))?;
         drop(landing);
         self.metrics.uploaded_bytes.inc_by(total);
-        self.arrived.notify_waiters();
+        // Nobody waiting is no error.
+        let _ = self.arrived.send(digest.to_string());
         Ok(total)
     }
 }

@@ -403,7 +403,10 @@ impl Engine {
                 // Anything but "pushed" is not a push: counting it as one would record a ref the
                 // registry may not hold.
                 let TaskOutcome::Pushed { bytes, .. } = outcome else {
-                    return Err(DeliverError::Failed(format!("host {} answered the push with something else", host.id)));
+                    return Err(DeliverError::Failed(format!(
+                        "host {} answered the push with something else",
+                        host.id
+                    )));
                 };
                 events.emit(EventKind::Pushed { bytes }, Some(name), "");
                 self.metrics.delivered(plan.target.identity(), bytes);

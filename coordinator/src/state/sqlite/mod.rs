@@ -365,8 +365,10 @@ impl StateStore for SqliteStore {
 
     async fn context_entries(&self, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
         let digest = digest.to_owned();
-        self.run(format!("reading the entry list of context {digest}"), move |c, _| catalog::context_entries(c, &digest))
-            .await
+        self.run(format!("reading the entry list of context {digest}"), move |c, _| {
+            catalog::context_entries(c, &digest)
+        })
+        .await
     }
 
     async fn put_token(&self, token: TokenRow) -> Result<(), StateError> {

@@ -127,6 +127,8 @@ pub enum CliError {
     },
     #[error("the coordinator asked for context {digest}, which no built image of this manifest has")]
     UnknownContext { digest: String },
+    #[error("{file} names no built image {image:?} — its built images: {built}")]
+    NoSuchImage { image: String, file: PathBuf, built: String },
     #[error("cannot write the output")]
     Output(#[source] std::io::Error),
     #[error("the {what} task panicked")]
@@ -156,6 +158,7 @@ impl CliError {
             | CliError::BadToken { .. }
             | CliError::Credentials { .. }
             | CliError::TokenFileOpen { .. }
+            | CliError::NoSuchImage { .. }
             | CliError::NoHome => Exit::Usage,
             // The coordinator judged the request itself malformed: the user's input, not the converge.
             CliError::Refused { code: tonic::Code::InvalidArgument, .. } => Exit::Usage,

@@ -225,7 +225,7 @@ pub struct Reason {
     pub kind: &'static str,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub converge: String,
-    /// `changed`: each input that moved. Room is left for the files that moved (entry lists).
+    /// `changed`: each input that moved; a context's names the files that moved when it can.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub changes: Vec<Change>,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -245,6 +245,34 @@ pub struct Change {
     pub name: String,
     pub before: String,
     pub after: String,
+    /// `context`: the files that moved, when the coordinator kept both trees' entry lists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<FilesMoved>,
+}
+
+/// The paths that moved between two trees of a context: how many each way, and the first of them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Default)]
+pub struct FilesMoved {
+    pub added: MovedPaths,
+    pub removed: MovedPaths,
+    /// Moved in place: contents, executable bit, type or symlink target (`kiln why` tells which).
+    pub changed: MovedPaths,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Default)]
+pub struct MovedPaths {
+    pub count: u64,
+    /// The first of them in path order (the coordinator keeps at most 20).
+    pub paths: Vec<String>,
+}
+
+impl From<kiln_proto::v1::FilesMoved> for FilesMoved {
+    fn from(f: kiln_proto::v1::FilesMoved) -> FilesMoved {
+        let paths = |m: Option<kiln_proto::v1::MovedPaths>| {
+            m.map(|m| MovedPaths { count: m.count, paths: m.paths }).unwrap_or_default()
+        };
+        FilesMoved { added: paths(f.added), removed: paths(f.removed), changed: paths(f.changed) }
+    }
 }
 
 impl From<kiln_proto::v1::Reason> for Reason {
@@ -277,6 +305,7 @@ impl From<kiln_proto::v1::Reason> for Reason {
                 name: c.name,
                 before: c.before,
                 after: c.after,
+                files: c.files.map(FilesMoved::from),
             })
             .collect();
         let generation = (kind == "gone").then_some(r.generation);

@@ -8,6 +8,7 @@
 //!   `Kiln.Up` streams the converge's [`Event`]s, [`upload`] sends each context the coordinator
 //!   asks for, [`render`] shows the events. It returns an [`UpOutcome`] (events, outcome, exit).
 //! - [`status`], [`logs`], [`images`], [`agents`] — the read commands ([`query`]).
+//! - [`why`] — `kiln why IMAGE`: every input and file that moved since a recorded generation.
 //! - [`gc`], [`down`], [`pin`], [`unpin`], [`pins`] — the sweep's commands ([`sweep`]): gc and
 //!   down stream their events through the same renderers as `up`.
 //! - [`embedded`] — with no coordinator URL, every command starts the real coordinator and a host
@@ -42,6 +43,7 @@ pub mod sweep;
 pub mod up;
 pub mod upload;
 pub mod view;
+pub mod why;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,6 +55,7 @@ pub use query::{agents, audit, images, logs, logs_with, status, whoami, AuditVie
 pub use render::OutputMode;
 pub use sweep::{down, gc, pin, pins, unpin, DownArgs, GcArgs, PinArgs, PinsView, SweepOutcome};
 pub use up::{up, up_with, Failure, UpArgs, UpOutcome};
+pub use why::{why, WhyArgs, WhyView};
 
 /// Which coordinator a command talks to.
 #[derive(Clone, Debug)]

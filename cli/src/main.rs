@@ -162,6 +162,19 @@ enum Command {
         /// The converge id (`kiln ps` lists them).
         id: String,
     },
+    /// Say what moved since the recorded generation of a built image: every file (added, removed,
+    /// changed, mode or type changed, symlink retargeted), the Dockerfile, build args, target
+    /// stage, platforms. "nothing moved" when nothing did.
+    Why {
+        /// The built image's name in kiln.toml.
+        image: String,
+        /// The instance folder holding `kiln.toml`.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Compare with generation N (the current one or the one it replaced) instead of the current.
+        #[arg(long, value_name = "N")]
+        since: Option<u64>,
+    },
     /// Print the tree digest of a build context (what its content tag addresses).
     Digest {
         /// The context directory.
@@ -218,6 +231,7 @@ impl Command {
             Command::Whoami => "whoami",
             Command::Ps => "ps",
             Command::Cancel { .. } => "cancel",
+            Command::Why { .. } => "why",
             Command::Digest { .. } => "digest",
             Command::Pack { .. } => "pack",
             Command::Unpack { .. } => "unpack",
@@ -345,6 +359,9 @@ async fn dispatch(command: Command, remote: &Remote) -> Result<Exit, CliError> {
         }
         Command::Cancel { id } => {
             kiln::cancel(kiln::ListArgs { connect, output, ..Default::default() }, id).await.map(|_| Exit::Converged)
+        }
+        Command::Why { image, dir, since } => {
+            kiln::why(kiln::WhyArgs { image, dir, since, connect, output }).await.map(|_| Exit::Converged)
         }
         Command::Whoami => {
             kiln::whoami(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)

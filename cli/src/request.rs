@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kiln_core::digest::{TreeDigest, WalkOptions};
+use kiln_core::digest::{Tree, TreeDigest, WalkOptions};
 use kiln_core::manifest::{Addressed, BuiltImage, ImageSpec, Manifest, Target};
 use kiln_proto::v1::{image_spec, target, ImageSpec as WireImage, Target as WireTarget, UpRequest};
 use rayon::prelude::*;
@@ -60,6 +60,9 @@ pub struct WalkedContext {
     pub entries: usize,
     /// See [`ContextSource::archive_bytes`].
     pub archive_bytes: u64,
+    /// The walk's entry list, hashed: only from [`walk_built_keeping_trees`] (`kiln why`), since
+    /// `kiln up` has no use for it once the digest is known.
+    pub tree: Option<Tree>,
 }
 
 impl Walked {
@@ -74,6 +77,15 @@ impl Walked {
 /// built image's context in parallel — the sealed tree for a staged one, else its folder, with
 /// the stat cache under `stat_cache` when given.
 pub fn walk_built(manifest: &Manifest, stat_cache: Option<&Path>) -> Result<Walked, CliError> {
+    walk(manifest, stat_cache, false)
+}
+
+/// [`walk_built`], keeping each context's entry list ([`WalkedContext::tree`]).
+pub fn walk_built_keeping_trees(manifest: &Manifest, stat_cache: Option<&Path>) -> Result<Walked, CliError> {
+    walk(manifest, stat_cache, true)
+}
+
+fn walk(manifest: &Manifest, stat_cache: Option<&Path>, keep_trees: bool) -> Result<Walked, CliError> {
     let staged = crate::stage::stage_all(manifest)?;
     let built: Vec<(&str, &BuiltImage)> = manifest.built().collect();
     let contexts = built
@@ -85,7 +97,9 @@ pub fn walk_built(manifest: &Manifest, stat_cache: Option<&Path>) -> Result<Walk
             };
             let (tree, digest) = walked.map_err(|err| CliError::Address { image: name.to_string(), err })?;
             let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
-            let walked = WalkedContext { dir, digest, entries: tree.entries.len(), archive_bytes };
+            let entries = tree.entries.len();
+            let tree = keep_trees.then_some(tree);
+            let walked = WalkedContext { dir, digest, entries, archive_bytes, tree };
             Ok((name.to_string(), walked))
         })
         .collect::<Result<_, CliError>>()?;
@@ -155,7 +169,7 @@ pub fn plan_up(
 }
 
 /// A built image's wire spec: what the coordinator recomputes its address from and the agent builds.
-fn wire_built(done: Addressed<'_>) -> WireImage {
+pub(crate) fn wire_built(done: Addressed<'_>) -> WireImage {
     let image = done.image;
     // The Dockerfile as built: an outside one, or one whose FROMs now name its bases' content refs,
     // travels by contents (the archive carries only the context), and `dockerfile` stays empty;
@@ -184,7 +198,7 @@ fn wire_built(done: Addressed<'_>) -> WireImage {
     }
 }
 
-fn wire_target(manifest: &Manifest) -> WireTarget {
+pub(crate) fn wire_target(manifest: &Manifest) -> WireTarget {
     let namespace = manifest.namespace.clone().unwrap_or_default();
     let (kind, registry, cluster) = match &manifest.target {
         Target::Registry(registry) => (target::Kind::Registry, registry.to_string(), String::new()),

@@ -36,7 +36,7 @@ fn requester(principal: &Principal, claimed: &str) -> String {
 
 /// Whether `principal` may converge or take down an instance owned by `owner`; the refusal names
 /// the owner.
-fn may_own(principal: &Principal, instance: &str, owner: &Owner) -> Result<(), Status> {
+pub(crate) fn may_own(principal: &Principal, instance: &str, owner: &Owner) -> Result<(), Status> {
     let allowed = match principal {
         Principal::Embedded => true,
         Principal::User { role: Role::Admin, .. } => true,
@@ -87,7 +87,7 @@ fn writable(engine: &Engine, call: &str) -> Result<(), Status> {
     }
 }
 
-fn store_status(err: StateError) -> Status {
+pub(crate) fn store_status(err: StateError) -> Status {
     match err {
         StateError::ConvergeRunning { .. } => Status::aborted(kiln_core::error_chain(&err)),
         StateError::UnknownConverge { .. } => Status::not_found(kiln_core::error_chain(&err)),
@@ -647,6 +647,11 @@ impl pb::kiln_server::Kiln for KilnService {
         self.engine.running.cancel(&id, format!("cancelled by {}", principal.actor()));
         audit(&self.engine, principal.actor(), "cancel", &id, address, "ok".to_string()).await;
         Ok(Response::new(pb::CancelReply { instance }))
+    }
+
+    async fn why(&self, request: Request<pb::WhyRequest>) -> Result<Response<pb::WhyReply>, Status> {
+        let principal = Principal::of(&request);
+        crate::why::why(&self.engine, &principal, request.into_inner()).await.map(Response::new)
     }
 
     async fn ps(&self, _request: Request<pb::PsRequest>) -> Result<Response<pb::PsReply>, Status> {

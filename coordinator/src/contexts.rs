@@ -20,6 +20,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 const CHUNK: usize = 1 << 20;
 
+/// The longest entry list kept per context (its canonical stream: about 50 bytes plus the path
+/// per entry, so some 150 000 files). Longer lists are not kept — that context's changes are then
+/// told by tree digest alone — so one upload can hold no more than this in memory for it.
+pub const ENTRY_LIST_MAX: usize = 16 << 20;
+
 /// The largest message the content store decodes: the CLI's 1 MiB upload chunk, with room for
 /// its framing and a client that cuts a little differently. Each message is held whole until
 /// decoded, so this is what one stream can make the coordinator buffer beyond its flow window.
@@ -138,6 +143,22 @@ impl Contexts {
         Ok(missing)
     }
 
+    /// The entry list kept for `digest`, if one is and it is that tree's: a list that does not
+    /// hash to its digest is never used to name files (and is logged, since it means a bug).
+    pub async fn entries(
+        &self,
+        digest: &TreeDigest,
+    ) -> Result<Option<Vec<kiln_core::digest::Entry>>, crate::state::StateError> {
+        let Some(stream) = self.store.context_entries(&digest.to_string()).await? else { return Ok(None) };
+        match kiln_core::digest::list::decode_for(&stream, digest) {
+            Ok(entries) => Ok(Some(entries)),
+            Err(err) => {
+                tracing::warn!(%digest, error = %err, "a kept entry list does not match its context; ignored");
+                Ok(None)
+            }
+        }
+    }
+
     /// Drops a stored context whose bytes an agent refused, so `missing` asks for it again.
     pub async fn forget(&self, digest: &TreeDigest) {
         let _ = tokio::fs::remove_file(self.path(digest)).await;
@@ -187,7 +208,8 @@ impl Contexts {
         // one pass over the data rather than a write followed by a re-read.
         let (tx, rx) = std::sync::mpsc::sync_channel::<bytes::Bytes>(16);
         let verifier = tokio::task::spawn_blocking(move || {
-            kiln_core::archive::verify(ChannelReader { rx, current: bytes::Bytes::new() }, &digest)
+            let reader = ChannelReader { rx, current: bytes::Bytes::new() };
+            kiln_core::archive::verify_listed(reader, &digest, ENTRY_LIST_MAX)
         });
         let mut total = 0u64;
         let mut next = Some(bytes::Bytes::from(first));
@@ -220,13 +242,22 @@ impl Contexts {
         // converge uploads it again.
         file.flush().await.map_err(io)?;
         let verdict = verifier.await.map_err(|e| Status::internal(e.to_string()))?;
-        if let Err(err) = verdict {
-            return Err(Status::invalid_argument(format!(
-                "upload of context {digest} refused: {}",
-                kiln_core::error_chain(&err)
-            )));
-        }
+        let list = match verdict {
+            Ok((_, list)) => list,
+            Err(err) => {
+                return Err(Status::invalid_argument(format!(
+                    "upload of context {digest} refused: {}",
+                    kiln_core::error_chain(&err)
+                )))
+            }
+        };
         let landing = self.landing.lock().await;
+        // Before the row: a context is never indexed without the list its upload gave, so a
+        // converge that finds it stored also finds which files it holds.
+        if let Some(list) = list {
+            let keeping = self.store.put_context_entries(&digest.to_string(), list).await;
+            keeping.map_err(|e| Status::internal(e.to_string()))?;
+        }
         tokio::fs::rename(tmp, self.path(&digest)).await.map_err(io)?;
         let row = ContextRow { digest: digest.to_string(), bytes: total, stored_at_ms: 0 };
         self.store.put_context(row).await.map_err(|e| Status::internal(e.to_string()))?;

@@ -250,6 +250,7 @@ pub fn reason_to_pb(reason: &Reason) -> pb::Reason {
                     name: c.name.clone(),
                     before: c.before.clone(),
                     after: c.after.clone(),
+                    files: c.files.as_ref().map(files_to_pb),
                 })
                 .collect();
             Kind::Changed
@@ -265,6 +266,11 @@ pub fn reason_to_pb(reason: &Reason) -> pb::Reason {
     };
     wire.kind = kind as i32;
     wire
+}
+
+fn files_to_pb(files: &crate::model::FilesMoved) -> pb::FilesMoved {
+    let paths = |m: &crate::model::MovedPaths| Some(pb::MovedPaths { count: m.count, paths: m.paths.clone() });
+    pb::FilesMoved { added: paths(&files.added), removed: paths(&files.removed), changed: paths(&files.changed) }
 }
 
 fn outcome(event: &Event) -> pb::Outcome {

@@ -44,5 +44,6 @@ mod server;
 mod sweep;
 mod task;
 mod web;
+mod why;
 
 pub use server::{serve, Config, ServeError, ServerTls, DEFAULT_MAX_UPLOAD_BYTES};

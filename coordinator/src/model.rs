@@ -183,6 +183,69 @@ pub struct InputChange {
     pub name: String,
     pub before: String,
     pub after: String,
+    /// [`Input::Context`]: the files that moved, when the entry lists of both trees were kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<FilesMoved>,
+}
+
+/// The paths that moved between two entry lists of a context: added, removed, and changed in
+/// place (contents, executable bit, type or symlink target — `kiln why` tells those apart).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct FilesMoved {
+    pub added: MovedPaths,
+    pub removed: MovedPaths,
+    pub changed: MovedPaths,
+}
+
+/// How many paths moved one way, and the first [`FilesMoved::KEPT`] of them as a person reads them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct MovedPaths {
+    pub count: u64,
+    pub paths: Vec<String>,
+}
+
+impl FilesMoved {
+    /// Names kept per class: events are stored and replayed, so a regenerated folder of a hundred
+    /// thousand files must not become a hundred-thousand-name event; `kiln why` lists them all.
+    pub const KEPT: usize = 20;
+    /// Names the words show before `…`.
+    const SHOWN: usize = 3;
+
+    pub fn of(moved: &[kiln_core::digest::diff::Moved]) -> FilesMoved {
+        use kiln_core::digest::diff::Class;
+        let mut files = FilesMoved::default();
+        for m in moved {
+            let into = match m.class() {
+                Class::Added => &mut files.added,
+                Class::Removed => &mut files.removed,
+                _ => &mut files.changed,
+            };
+            into.count += 1;
+            if into.paths.len() < Self::KEPT {
+                into.paths.push(m.shown());
+            }
+        }
+        files
+    }
+
+    pub fn count(&self) -> u64 {
+        self.added.count + self.removed.count + self.changed.count
+    }
+
+    /// `3 files (+ src/new.rs, ~ src/main.rs, − old.txt)`: added first, then changed, then
+    /// removed, at most three names.
+    fn words(&self) -> String {
+        let count = self.count();
+        let marked = [("+", &self.added), ("~", &self.changed), ("−", &self.removed)];
+        let names: Vec<String> =
+            marked.iter().flat_map(|(mark, moved)| moved.paths.iter().map(move |p| format!("{mark} {p}"))).collect();
+        let mut shown = names.iter().take(Self::SHOWN).cloned().collect::<Vec<_>>().join(", ");
+        if count > Self::SHOWN as u64 {
+            shown.push_str(", …");
+        }
+        let noun = if count == 1 { "file" } else { "files" };
+        format!("{count} {noun} ({shown})")
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,11 +282,15 @@ impl Reason {
 }
 
 impl InputChange {
-    fn words(&self) -> String {
+    /// One input's part of [`Reason::words`]: `build arg VERSION: 1 → 2`.
+    pub fn words(&self) -> String {
         let short = |d: &str| if d.len() > 8 { format!("{}…", &d[..8]) } else { d.to_string() };
         let side = |v: &str| if v.is_empty() { "(none)".to_string() } else { v.to_string() };
         match self.input {
-            Input::Context => format!("context changed (tree {} → {})", short(&self.before), short(&self.after)),
+            Input::Context => match &self.files {
+                Some(files) if files.count() > 0 => format!("context changed: {}", files.words()),
+                _ => format!("context changed (tree {} → {})", short(&self.before), short(&self.after)),
+            },
             Input::Dockerfile => "Dockerfile changed".to_string(),
             Input::BuildArg => format!("build arg {}: {} → {}", self.name, side(&self.before), side(&self.after)),
             Input::Target => format!("target stage changed ({} → {})", side(&self.before), side(&self.after)),
@@ -615,6 +682,7 @@ mod tests {
             name: name.into(),
             before: before.into(),
             after: after.into(),
+            files: None,
         };
         let words = |reason: Reason| reason.words();
         assert_eq!(words(Reason::Recorded), "recorded");
@@ -651,6 +719,40 @@ mod tests {
             }),
             "platforms changed: +arm64"
         );
+    }
+
+    #[test]
+    fn a_context_change_names_its_files_when_both_entry_lists_were_kept() {
+        use kiln_core::digest::diff::{How, Moved};
+        use kiln_core::digest::EntryKind;
+        let moved = |path: &str, how| Moved { path: path.as_bytes().to_vec(), how };
+        let changed = || How::Changed { size_before: 1, size_after: 2 };
+        let context = |files: Vec<Moved>| Reason::Changed {
+            changes: vec![InputChange {
+                input: Input::Context,
+                name: String::new(),
+                before: "9".repeat(64),
+                after: "4".repeat(64),
+                files: Some(FilesMoved::of(&files)),
+            }],
+        };
+        let three = vec![
+            moved("old.txt", How::Removed(EntryKind::File)),
+            moved("src/main.rs", changed()),
+            moved("src/new.rs", How::Added(EntryKind::File)),
+        ];
+        assert_eq!(context(three).words(), "context changed: 3 files (+ src/new.rs, ~ src/main.rs, − old.txt)");
+        let one = vec![moved("run.sh", How::ModeChanged { executable: true, content_changed: false })];
+        assert_eq!(context(one).words(), "context changed: 1 file (~ run.sh)");
+        let many: Vec<Moved> = (0..30).map(|i| moved(&format!("gen/{i:02}.rs"), How::Added(EntryKind::File))).collect();
+        let reason = context(many);
+        assert_eq!(reason.words(), "context changed: 30 files (+ gen/00.rs, + gen/01.rs, + gen/02.rs, …)");
+        let Reason::Changed { changes } = &reason else { unreachable!() };
+        let files = changes[0].files.as_ref().unwrap();
+        assert_eq!((files.added.count, files.added.paths.len()), (30, FilesMoved::KEPT), "counted all, kept some");
+        // Stored in events as JSON, and read back whole.
+        let json = serde_json::to_string(&reason).unwrap();
+        assert_eq!(serde_json::from_str::<Reason>(&json).unwrap(), reason);
     }
 
     #[test]

@@ -78,6 +78,24 @@ pub struct UpPlan {
     pub team: Option<String>,
 }
 
+impl Target {
+    /// The wire's target of `instance`; a kind left unset is refused naming the manifest's fix.
+    pub fn of(instance: &str, target: pb::Target) -> Result<Target, Status> {
+        Ok(match target.kind() {
+            pb::target::Kind::Registry if !target.registry.is_empty() => Target::Registry { registry: target.registry },
+            pb::target::Kind::Registry => return Err(missing("target.registry")),
+            pb::target::Kind::Kind => Target::Kind { cluster: target.cluster },
+            pb::target::Kind::Nodes => Target::Nodes { cluster: target.cluster },
+            pb::target::Kind::Local => Target::Local,
+            pb::target::Kind::Unspecified => {
+                return Err(Status::invalid_argument(format!(
+                    "instance {instance} names no target kind — set kind = \"registry\" (or kind, nodes, local) in [target]"
+                )))
+            }
+        })
+    }
+}
+
 fn missing(field: &str) -> Status {
     Status::invalid_argument(format!("UpRequest.{field} is missing"))
 }
@@ -96,19 +114,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             ))
         })?;
         let namespace = Some(target.namespace.clone()).filter(|ns| !ns.is_empty());
-        let target = match target.kind() {
-            pb::target::Kind::Registry if !target.registry.is_empty() => Target::Registry { registry: target.registry },
-            pb::target::Kind::Registry => return Err(missing("target.registry")),
-            pb::target::Kind::Kind => Target::Kind { cluster: target.cluster },
-            pb::target::Kind::Nodes => Target::Nodes { cluster: target.cluster },
-            pb::target::Kind::Local => Target::Local,
-            pb::target::Kind::Unspecified => {
-                return Err(Status::invalid_argument(format!(
-                    "instance {} names no target kind — set kind = \"registry\" (or kind, nodes, local) in [target]",
-                    req.instance
-                )))
-            }
-        };
+        let target = Target::of(&req.instance, target)?;
         if req.platforms.is_empty() {
             return Err(missing("platforms"));
         }

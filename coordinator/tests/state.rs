@@ -171,6 +171,7 @@ suite!(
     converges_list_newest_first_per_instance_and_within_limit,
     missing_contexts_returns_exactly_the_unknown_ones,
     contexts_are_listed_and_collected_only_when_unclaimed,
+    a_context_entry_list_is_kept_replaced_survives_a_restart_and_goes_with_its_context,
     the_builder_of_a_ref_is_the_converge_that_last_started_building_it,
     agents_and_inventories_are_replaced_by_their_key,
     pins_are_kept_once_survive_a_restart_and_go_only_when_unpinned,
@@ -610,6 +611,26 @@ async fn contexts_are_listed_and_collected_only_when_unclaimed(backend: Backend)
     assert!(store.delete_context_unless_claimed(&b, &format!("context:{b}"), T0).await.unwrap());
     assert!(!store.delete_context_unless_claimed(&b, &format!("context:{b}"), T0).await.unwrap(), "already gone");
     assert!(store.contexts().await.unwrap().is_empty());
+}
+
+async fn a_context_entry_list_is_kept_replaced_survives_a_restart_and_goes_with_its_context(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    let [a, b] = ["a", "b"].map(|x| x.repeat(64));
+    assert_eq!(store.context_entries(&a).await.unwrap(), None);
+    for digest in [&a, &b] {
+        store.put_context(ContextRow { digest: digest.clone(), bytes: 10, stored_at_ms: T0 }).await.unwrap();
+    }
+    // Raw bytes, every value a byte can take: names need not be UTF-8.
+    let stream: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+    store.put_context_entries(&a, vec![1, 2, 3]).await.unwrap();
+    store.put_context_entries(&a, stream.clone()).await.unwrap();
+    store.put_context_entries(&b, vec![0]).await.unwrap();
+    drop(store);
+    let store = backend.open(&clock()).await;
+    assert_eq!(store.context_entries(&a).await.unwrap(), Some(stream), "replaced, then read back after a restart");
+    assert!(store.delete_context_unless_claimed(&a, &format!("context:{a}"), T0).await.unwrap());
+    assert_eq!(store.context_entries(&a).await.unwrap(), None, "collected with its context");
+    assert_eq!(store.context_entries(&b).await.unwrap(), Some(vec![0]), "another context's list stays");
 }
 
 async fn the_builder_of_a_ref_is_the_converge_that_last_started_building_it(backend: Backend) {

@@ -252,6 +252,23 @@ fn verify_applies_the_same_checks_without_writing() {
     assert!(kiln_core::archive::verify(&escaping[..], &digest).is_err());
 }
 
+#[test]
+fn a_verified_archive_gives_the_entry_list_the_walk_saw() {
+    let a = TempDir::new().unwrap();
+    sample_tree(a.path());
+    let (bytes, digest) = packed_bytes(a.path());
+    let (done, list) = kiln_core::archive::verify_listed(&bytes[..], &digest, 1 << 20).unwrap();
+    assert_eq!(done.digest, digest);
+    let (tree, _) = digest_dir(a.path(), &WalkOptions::default()).unwrap();
+    let listed = kiln_core::digest::list::decode_for(&list.unwrap(), &digest).unwrap();
+    let walked: Vec<_> = tree.entries.into_iter().map(|e| (e.path, e.kind, e.size, e.link_target, e.hash)).collect();
+    let read: Vec<_> = listed.into_iter().map(|e| (e.path, e.kind, e.size, e.link_target, e.hash)).collect();
+    assert_eq!(read, walked);
+    // Too long to keep: verified all the same, listed not at all.
+    let (_, none) = kiln_core::archive::verify_listed(&bytes[..], &digest, 64).unwrap();
+    assert_eq!(none, None);
+}
+
 /// A tar stream that never ends by itself: `head`, then `fill` bytes for as long as it is read.
 /// Counts what was read, so a test can show a reader stopped early instead of buffering.
 struct Endless {

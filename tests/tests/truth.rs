@@ -102,7 +102,8 @@ async fn each_reason_is_typed_and_said_in_words() {
     assert_eq!(reason(&events, Kind::Building, "web").kind(), Why::Forced);
     assert!(message(&events, Kind::Building, "web").ends_with(": --force"));
 
-    // A context file: the tree moved, named by both digests' prefixes.
+    // A context file: the tree moved, from one digest to the other, and the file is named (both
+    // trees' entry lists were kept from their uploads).
     let before = up_dry(&farm.url, &dir, false).await;
     assert_eq!(reason(&before, Kind::Would, "web").kind(), Why::Recorded);
     write(&dir, "web/index.html", "<p>why</p>\n");
@@ -111,11 +112,10 @@ async fn each_reason_is_typed_and_said_in_words() {
     assert_eq!(why.kind(), Why::Changed);
     let change = &why.changes[0];
     assert_eq!(change.input(), pb::input_change::Input::Context);
-    assert!(message(&events, Kind::Building, "web").contains(&format!(
-        "context changed (tree {}… → {}…)",
-        &change.before[..8],
-        &change.after[..8]
-    )));
+    assert_ne!(change.before, change.after);
+    assert_eq!(change.files.as_ref().and_then(|f| f.changed.clone()).map(|c| c.paths), Some(vec!["index.html".into()]));
+    let said = message(&events, Kind::Building, "web");
+    assert!(said.ends_with(": context changed: 1 file (~ index.html)"), "{said}");
 
     // The Dockerfile (inside the context): said apart from the rest of the tree.
     write(

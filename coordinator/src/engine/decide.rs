@@ -257,14 +257,19 @@ pub(super) fn changed(record: Option<&Record>, image: &PlanImage, inputs: &Build
         return Reason::FirstBuild;
     };
     let now = address_inputs(inputs, &plan.platforms);
-    let target = plan.target.identity();
+    Reason::Changed { changes: moved_inputs(before, &now, &plan.target.identity()) }
+}
+
+/// The inputs of `before`'s address that differ in `now`, delivered to `target`: what both a
+/// converge's reason and `kiln why` say moved. Empty when nothing did.
+pub(crate) fn moved_inputs(before: &RecordedImage, now: &AddressInputs, target: &str) -> Vec<InputChange> {
     let Some(was) = &before.inputs else {
         // A record from before Kiln kept inputs: the tree digest is all it can compare.
         let mut changes = Vec::new();
         if let Some(context) = before.context.as_ref().filter(|c| **c != now.tree) {
             changes.push(change(Input::Context, "", context, &now.tree));
         }
-        return Reason::Changed { changes };
+        return changes;
     };
     let mut changes = Vec::new();
     if was.dockerfile != now.dockerfile && !was.dockerfile.is_empty() && !now.dockerfile.is_empty() {
@@ -287,13 +292,14 @@ pub(super) fn changed(record: Option<&Record>, image: &PlanImage, inputs: &Build
         changes.push(change(Input::Platforms, "", &was.platforms.join(","), &now.platforms.join(",")));
     }
     if changes.is_empty() && before.target != target {
-        changes.push(change(Input::Delivery, "", &before.target, &target));
+        changes.push(change(Input::Delivery, "", &before.target, target));
     }
-    Reason::Changed { changes }
+    changes
 }
 
 fn change(input: Input, name: &str, before: &str, after: &str) -> InputChange {
-    InputChange { input, name: name.to_string(), before: before.to_string(), after: after.to_string() }
+    // Which files moved is added once both contexts' entry lists are at hand (`files.rs`).
+    InputChange { input, name: name.to_string(), before: before.to_string(), after: after.to_string(), files: None }
 }
 
 /// What the record keeps of a built image's address.

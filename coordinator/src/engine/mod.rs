@@ -12,6 +12,7 @@
 
 mod decide;
 mod execute;
+mod files;
 mod parallel;
 pub mod running;
 
@@ -82,6 +83,7 @@ impl Failure {
     }
 }
 
+pub(crate) use decide::moved_inputs;
 pub(crate) use execute::owner;
 
 /// `kiln ps`: the converges running here and their build tasks, queued and running.
@@ -166,8 +168,11 @@ impl Engine {
         if !built.is_empty() {
             let host = self.pick_host(plan).instrument(step("pick host")).await?;
             let deciding = self.decide(&host, id, plan, record.as_ref(), &built, events);
-            let decisions = deciding.instrument(step("decide")).await?;
+            let mut decisions = deciding.instrument(step("decide")).await?;
             if plan.dry_run {
+                // Only what is already stored: a dry run uploads nothing, so a context it lacks
+                // is told by its tree digest.
+                self.name_files(&mut decisions).await;
                 for d in &decisions {
                     let kind = EventKind::Would {
                         reference: d.image.reference.clone(),
@@ -186,6 +191,8 @@ impl Engine {
             }
             let generation = record.as_ref().map_or(0, |r| r.generation.0);
             self.ensure_contexts(&decisions, events).instrument(step("contexts")).await?;
+            // After the uploads: every context about to be built is stored now, with its list.
+            self.name_files(&mut decisions).await;
             let running = self.run_all(&host, id, plan, &decisions, generation, events);
             recorded.extend(running.instrument(step("images")).await?);
         }

@@ -140,9 +140,18 @@ pub trait StateStore: Send + Sync + 'static {
     async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StateError>;
     /// Every indexed context, by digest.
     async fn contexts(&self) -> Result<Vec<ContextRow>, StateError>;
-    /// Drops the context's row unless a claim named `claim` lives past `now_ms`; true when a row
-    /// went. Atomic against `claim`, so a converge that claimed the context first keeps it.
+    /// Drops the context's row, and its entry list, unless a claim named `claim` lives past
+    /// `now_ms`; true when a row went. Atomic against `claim`, so a converge that claimed the
+    /// context first keeps it.
     async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StateError>;
+    /// Keeps the entry list of context `digest` (its canonical stream, `kiln_core::digest::list`),
+    /// replacing any kept before. It goes with the context's row when that is collected, which
+    /// no record's current or previous generation names — so the list a record names stays as
+    /// long as it could be asked for, and in the database, where every coordinator of a farm
+    /// reads it (the archive itself may be on another coordinator's disk).
+    async fn put_context_entries(&self, digest: &str, stream: Vec<u8>) -> Result<(), StateError>;
+    /// The entry list kept for context `digest`, if one is.
+    async fn context_entries(&self, digest: &str) -> Result<Option<Vec<u8>>, StateError>;
 
     // --- trust (DESIGN.md "Trust")
     async fn put_token(&self, token: TokenRow) -> Result<(), StateError>;

@@ -80,6 +80,8 @@ timed! {
     context(digest: &str) -> Option<ContextRow>;
     contexts() -> Vec<ContextRow>;
     delete_context_unless_claimed(digest: &str, claim: &str, now_ms: u64) -> bool;
+    put_context_entries(digest: &str, stream: Vec<u8>) -> ();
+    context_entries(digest: &str) -> Option<Vec<u8>>;
     put_token(token: TokenRow) -> ();
     token(id: &str) -> Option<TokenRow>;
     tokens() -> Vec<TokenRow>;

@@ -137,6 +137,8 @@ pub const RULES: &[(&str, Rule)] = &[
     // A member cancels converges of instances it owns (checked by the handler); an admin any.
     ("/kiln.v1.Kiln/Cancel", Rule::Member),
     ("/kiln.v1.Kiln/Ps", Rule::Read),
+    // Any role reads; the handler answers only the instance's owners (its files' names).
+    ("/kiln.v1.Kiln/Why", Rule::Read),
     ("/kiln.v1.ContentStore/FindMissing", Rule::Member),
     ("/kiln.v1.ContentStore/Upload", Rule::Member),
     ("/kiln.v1.ContentStore/Download", Rule::HostAgentOrMember),

@@ -16,7 +16,7 @@
 mod unpack;
 mod ustar;
 
-pub use unpack::{unpack, verify, Unpacked, ENTRY_METADATA_MAX};
+pub use unpack::{unpack, verify, verify_listed, Unpacked, ENTRY_METADATA_MAX};
 
 use crate::digest::{EntryKind, StreamHasher, Tree, TreeDigest};
 use std::ffi::OsStr;

@@ -43,26 +43,39 @@ pub struct Unpacked {
 /// then discards `target`, which holds only what was checked above.
 pub fn unpack(input: impl Read, target: &Path, expected: Option<&TreeDigest>) -> Result<Unpacked, ArchiveError> {
     prepare_target(target)?;
-    read_archive(input, Some(target), expected)
+    read_archive(input, Some(target), expected, None).map(|(unpacked, _)| unpacked)
 }
 
 /// Checks an archive exactly as [`unpack`] would — every entry, every path, every link, and the
 /// digest — without writing anything: how the coordinator accepts an upload at stream speed.
 pub fn verify(input: impl Read, expected: &TreeDigest) -> Result<Unpacked, ArchiveError> {
-    read_archive(input, None, Some(expected))
+    read_archive(input, None, Some(expected), None).map(|(unpacked, _)| unpacked)
 }
 
-/// The one reader behind [`unpack`] and [`verify`]; with no `target` it creates nothing.
+/// [`verify`], also keeping the archive's entry list in its canonical encoding
+/// ([`crate::digest::list`]) when it takes at most `limit` bytes: the coordinator keeps it so a
+/// later converge can name the files that moved, without reading the archive again.
+pub fn verify_listed(
+    input: impl Read,
+    expected: &TreeDigest,
+    limit: usize,
+) -> Result<(Unpacked, Option<Vec<u8>>), ArchiveError> {
+    read_archive(input, None, Some(expected), Some(limit))
+}
+
+/// The one reader behind [`unpack`] and [`verify`]; with no `target` it creates nothing; with
+/// `listing`, it keeps the entry list up to that many bytes.
 fn read_archive(
     input: impl Read,
     target: Option<&Path>,
     expected: Option<&TreeDigest>,
-) -> Result<Unpacked, ArchiveError> {
+    listing: Option<usize>,
+) -> Result<(Unpacked, Option<Vec<u8>>), ArchiveError> {
     let shown_target = target.unwrap_or(Path::new("<verify>"));
     let meter = Meter::default();
     let mut archive = tar::Archive::new(Metered { inner: input, meter: meter.clone() });
     let mut ancestry = Ancestry::default();
-    let mut hasher = StreamHasher::new();
+    let mut hasher = listing.map_or_else(StreamHasher::new, StreamHasher::recording);
     let mut stats = (0u64, 0u64);
     let mut buf = vec![0u8; 256 * 1024];
     let mut entries = archive.entries().map_err(ArchiveError::Corrupt)?;
@@ -167,13 +180,13 @@ fn read_archive(
         ancestry.insert(path.len(), kind);
         stats.0 += 1;
     }
-    let digest = hasher.finish();
+    let (digest, list) = hasher.finish_recorded();
     if let Some(expected) = expected {
         if *expected != digest {
             return Err(ArchiveError::DigestMismatch { expected: *expected, actual: digest });
         }
     }
-    Ok(Unpacked { digest, entries: stats.0, content_bytes: stats.1 })
+    Ok((Unpacked { digest, entries: stats.0, content_bytes: stats.1 }, list))
 }
 
 fn create_err(target: &Path, raw: &[u8], err: io::Error) -> ArchiveError {

@@ -24,8 +24,10 @@
 //! file's hash would otherwise read the same as that file's v2 entry).
 
 mod cache;
+pub mod diff;
 mod feed;
 mod io;
+pub mod list;
 pub mod vectors;
 mod walk;
 
@@ -178,6 +180,16 @@ pub struct StreamHasher {
     owed: u64,
     /// The content hash of the last file entry completed.
     last_file: Option<ContentHash>,
+    /// A copy of the stream, while it stays under its limit ([`StreamHasher::recording`]).
+    record: Option<Recording>,
+}
+
+/// The stream as it was hashed, kept so an entry list can be stored beside what it addresses.
+#[derive(Debug)]
+struct Recording {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
 }
 
 impl Default for StreamHasher {
@@ -195,7 +207,17 @@ impl StreamHasher {
             file: None,
             owed: 0,
             last_file: None,
+            record: None,
         }
+    }
+
+    /// A hasher that also keeps the stream it hashes — the entry list in its canonical encoding
+    /// ([`list`]) — up to `limit` bytes; past that it keeps nothing, so a context of millions
+    /// of files costs no more memory than hashing it did.
+    pub fn recording(limit: usize) -> Self {
+        let mut hasher = Self::new();
+        hasher.record = Some(Recording { bytes: Vec::new(), limit, overflowed: false });
+        hasher
     }
 
     /// Refuses an entry that is not strictly after the previous one: a reordered or repeated entry
@@ -225,6 +247,14 @@ impl StreamHasher {
     }
 
     fn push(&mut self, bytes: &[u8]) {
+        if let Some(record) = &mut self.record {
+            if !record.overflowed && record.bytes.len() + bytes.len() <= record.limit {
+                record.bytes.extend_from_slice(bytes);
+            } else {
+                record.overflowed = true;
+                record.bytes = Vec::new();
+            }
+        }
         if self.pending.capacity() == 0 {
             self.pending.reserve(PENDING_FLUSH + 4096);
         }
@@ -303,10 +333,17 @@ impl StreamHasher {
         self.last_file
     }
 
-    pub fn finish(mut self) -> TreeDigest {
+    pub fn finish(self) -> TreeDigest {
+        self.finish_recorded().0
+    }
+
+    /// The digest, and the stream it hashed when this hasher was [`recording`](Self::recording)
+    /// and the stream stayed within its limit.
+    pub fn finish_recorded(mut self) -> (TreeDigest, Option<Vec<u8>>) {
         assert_eq!(self.owed, 0, "last file's content was not fully hashed");
         self.flush();
-        TreeDigest(*self.hasher.finalize().as_bytes())
+        let stream = self.record.take().filter(|r| !r.overflowed).map(|r| r.bytes);
+        (TreeDigest(*self.hasher.finalize().as_bytes()), stream)
     }
 }
 

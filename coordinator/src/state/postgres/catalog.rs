@@ -161,7 +161,34 @@ pub(super) async fn delete_context_unless_claimed(
         return Ok(false);
     }
     let deleted = execute(tx, "DELETE FROM contexts WHERE digest = $1", &[&digest]).await.ctx(what)?;
+    execute(tx, "DELETE FROM context_entries WHERE digest = $1", &[&digest]).await.ctx(what)?;
     Ok(deleted > 0)
+}
+
+pub(super) async fn put_context_entries(
+    tx: &Transaction<'_>,
+    digest: &str,
+    stream: &[u8],
+    what: &str,
+) -> Result<(), StateError> {
+    execute(
+        tx,
+        "INSERT INTO context_entries (digest, stream) VALUES ($1, $2) \
+         ON CONFLICT (digest) DO UPDATE SET stream = excluded.stream",
+        &[&digest, &stream],
+    )
+    .await
+    .ctx(what)?;
+    Ok(())
+}
+
+pub(super) async fn context_entries<C: GenericClient>(
+    c: &C,
+    digest: &str,
+    what: &str,
+) -> Result<Option<Vec<u8>>, StateError> {
+    let row = query_opt(c, "SELECT stream FROM context_entries WHERE digest = $1", &[&digest]).await.ctx(what)?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 pub(super) async fn put_inventory(

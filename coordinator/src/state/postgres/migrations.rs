@@ -14,7 +14,7 @@ use deadpool_postgres::Object;
 use crate::state::StateError;
 
 /// Versions in order, starting at 1, never edited once released: a change is a new entry.
-const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2)];
+const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2), (3, V3)];
 
 /// The newest schema version this code knows.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -159,6 +159,14 @@ CREATE TABLE audit (
     outcome TEXT NOT NULL
 );
 CREATE INDEX audit_by_time ON audit (at_ms);
+"#;
+
+// Entry lists of stored contexts: SQLite's version 4.
+const V3: &str = r#"
+CREATE TABLE context_entries (
+    digest TEXT PRIMARY KEY,
+    stream BYTEA NOT NULL
+);
 "#;
 
 /// Brings the database to [`SCHEMA_VERSION`]; returns the versions this call applied.

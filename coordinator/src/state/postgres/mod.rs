@@ -563,6 +563,19 @@ impl StateStore for PostgresStore {
         Ok(deleted)
     }
 
+    async fn put_context_entries(&self, digest: &str, stream: Vec<u8>) -> Result<(), StateError> {
+        let what = format!("keeping the entry list of context {digest}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        catalog::put_context_entries(&tx, digest, &stream, &what).await?;
+        tx.commit().await.ctx(&what)
+    }
+
+    async fn context_entries(&self, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let what = format!("reading the entry list of context {digest}");
+        catalog::context_entries(&self.client(&what).await?, digest, &what).await
+    }
+
     async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StateError> {
         let what = format!("saving the inventory of store {store}");
         let mut client = self.client(&what).await?;

@@ -121,8 +121,27 @@ pub(super) fn delete_context_unless_claimed(
         return Ok(false);
     }
     let deleted = tx.execute("DELETE FROM contexts WHERE digest = ?1", [digest]).ctx(what)?;
+    tx.execute("DELETE FROM context_entries WHERE digest = ?1", [digest]).ctx(what)?;
     tx.commit().ctx(what)?;
     Ok(deleted > 0)
+}
+
+pub(super) fn put_context_entries(conn: &mut Connection, digest: &str, stream: &[u8]) -> Result<(), StateError> {
+    let what = || format!("keeping the entry list of context {digest}");
+    conn.execute(
+        "INSERT INTO context_entries (digest, stream) VALUES (?1, ?2) \
+         ON CONFLICT (digest) DO UPDATE SET stream = excluded.stream",
+        (digest, stream),
+    )
+    .ctx(what)?;
+    Ok(())
+}
+
+pub(super) fn context_entries(conn: &mut Connection, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
+    let what = || format!("reading the entry list of context {digest}");
+    conn.query_row("SELECT stream FROM context_entries WHERE digest = ?1", [digest], |row| row.get(0))
+        .optional()
+        .ctx(what)
 }
 
 pub(super) fn put_inventory(

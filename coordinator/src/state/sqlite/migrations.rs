@@ -13,7 +13,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::state::StateError;
 
 /// Versions in order, starting at 1, never edited once released: a change is a new entry.
-const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2), (3, V3)];
+const MIGRATIONS: &[(u32, &str)] = &[(1, V1), (2, V2), (3, V3), (4, V4)];
 
 /// The newest schema version this code knows.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
@@ -143,6 +143,15 @@ CREATE TABLE audit (
     outcome TEXT NOT NULL
 );
 CREATE INDEX audit_by_time ON audit (at_ms);
+"#;
+
+// Entry lists of stored contexts (their canonical streams), so "context changed" can name the files
+// that moved. A table of their own: listing and collecting contexts never reads them.
+const V4: &str = r#"
+CREATE TABLE context_entries (
+    digest TEXT PRIMARY KEY,
+    stream BLOB NOT NULL
+);
 "#;
 
 /// Brings the database to [`SCHEMA_VERSION`]; returns the versions this call applied.

@@ -355,6 +355,22 @@ impl StateStore for SqliteStore {
         .await
     }
 
+    async fn put_context_entries(&self, digest: &str, stream: Vec<u8>) -> Result<(), StateError> {
+        let digest = digest.to_owned();
+        self.run(format!("keeping the entry list of context {digest}"), move |c, _| {
+            catalog::put_context_entries(c, &digest, &stream)
+        })
+        .await
+    }
+
+    async fn context_entries(&self, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
+        let digest = digest.to_owned();
+        self.run(format!("reading the entry list of context {digest}"), move |c, _| {
+            catalog::context_entries(c, &digest)
+        })
+        .await
+    }
+
     async fn put_token(&self, token: TokenRow) -> Result<(), StateError> {
         self.run(format!("saving token {}", token.id), move |c, _| trust::put_token(c, &token)).await
     }

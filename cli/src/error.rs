@@ -127,6 +127,11 @@ pub enum CliError {
     },
     #[error("the coordinator asked for context {digest}, which no built image of this manifest has")]
     UnknownContext { digest: String },
+    #[error(
+        "{manifest} names no mirror_registry — add mirror_registry = \"host:port/prefix\" under [target] for \
+         `kiln mirror` to copy its pinned images into"
+    )]
+    NoMirror { manifest: PathBuf },
     #[error("cannot write the output")]
     Output(#[source] std::io::Error),
     #[error("the {what} task panicked")]
@@ -156,6 +161,7 @@ impl CliError {
             | CliError::BadToken { .. }
             | CliError::Credentials { .. }
             | CliError::TokenFileOpen { .. }
+            | CliError::NoMirror { .. }
             | CliError::NoHome => Exit::Usage,
             // The coordinator judged the request itself malformed: the user's input, not the converge.
             CliError::Refused { code: tonic::Code::InvalidArgument, .. } => Exit::Usage,

@@ -57,9 +57,13 @@ pub enum PlanKind {
 #[derive(Clone, Debug)]
 pub struct PlanImage {
     pub name: String,
-    /// As the client wrote it; brought and pinned refs pass into the record untouched.
+    /// As the client wrote it; brought and pinned refs pass into the record untouched — except a
+    /// pinned ref re-homed by `mirror_registry`, which is its mirrored ref from the edge on, so the
+    /// record, the `kiln-images` ConfigMap and every root name the mirror.
     pub reference: String,
     pub kind: PlanKind,
+    /// A pinned image re-homed by `mirror_registry`: the upstream ref it is copied from.
+    pub mirrored_from: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -76,6 +80,10 @@ pub struct UpPlan {
     pub dry_run: bool,
     /// The team the manifest names as the instance's owner.
     pub team: Option<String>,
+    /// `host[:port][/prefix]` the pinned images are copied into, when the manifest names one.
+    pub mirror_registry: Option<String>,
+    /// `kiln mirror`: copy the pinned images and nothing else — no claim, build, record or sweep.
+    pub mirror_only: bool,
 }
 
 fn missing(field: &str) -> Status {
@@ -96,6 +104,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             ))
         })?;
         let namespace = Some(target.namespace.clone()).filter(|ns| !ns.is_empty());
+        let mirror_registry = Some(target.mirror_registry.clone()).filter(|m| !m.is_empty());
         let target = match target.kind() {
             pb::target::Kind::Registry if !target.registry.is_empty() => Target::Registry { registry: target.registry },
             pb::target::Kind::Registry => return Err(missing("target.registry")),
@@ -154,9 +163,24 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                 pb::image_spec::Kind::Pinned => PlanKind::Pinned,
                 pb::image_spec::Kind::Unspecified => return Err(Status::invalid_argument(at("kind is unspecified"))),
             };
-            images.push(PlanImage { name: image.name, reference: image.reference, kind });
+            let (reference, mirrored_from) = match (&kind, &mirror_registry) {
+                (PlanKind::Pinned, Some(mirror)) => {
+                    let mirrored = kiln_core::refs::mirrored(&sent, mirror).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "target.mirror_registry {mirror:?}: {e} — write host[:port][/prefix], e.g. \
+                             registry.farm.internal:5000/mirror"
+                        ))
+                    })?;
+                    (mirrored.to_string(), Some(image.reference))
+                }
+                _ => (image.reference, None),
+            };
+            images.push(PlanImage { name: image.name, reference, kind, mirrored_from });
         }
         check_bases(&images)?;
+        if req.mirror_only {
+            check_mirror_only(&req.instance, &images, mirror_registry.as_deref())?;
+        }
         Ok(UpPlan {
             instance: req.instance,
             target,
@@ -168,8 +192,28 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             requested_by: req.requested_by,
             dry_run: req.dry_run,
             team: Some(req.team).filter(|t| !t.is_empty()),
+            mirror_registry,
+            mirror_only: req.mirror_only,
         })
     }
+}
+
+/// `kiln mirror` copies pinned images into a mirror: it needs one, and it carries nothing else (a
+/// built image in it would be silently skipped, and the CLI never sends one).
+fn check_mirror_only(instance: &str, images: &[PlanImage], mirror: Option<&str>) -> Result<(), Status> {
+    if mirror.is_none() {
+        return Err(Status::invalid_argument(format!(
+            "instance {instance} names no mirror_registry — add mirror_registry = \"host:port/prefix\" under \
+             [target] in its kiln.toml"
+        )));
+    }
+    if let Some(other) = images.iter().find(|i| !matches!(i.kind, PlanKind::Pinned)) {
+        return Err(Status::invalid_argument(format!(
+            "UpRequest image {:?}: mirror_only carries pinned images only — send the others with `kiln up`",
+            other.name
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a `from` graph the engine could not follow, or one that is not what the Dockerfiles
@@ -364,6 +408,7 @@ mod tests {
     #[test]
     fn a_cycle_is_refused_naming_it() {
         let image = |name: &str, from: &[&str]| PlanImage {
+            mirrored_from: None,
             name: name.to_string(),
             reference: format!("shop-{name}:0123456789ab-amd64"),
             kind: PlanKind::Built(BuildInputs {

@@ -23,9 +23,24 @@ pub fn bar_text(event: &Event, names: &ContextNames) -> Option<String> {
     match event.kind {
         EventKind::BuildLog => Some(format!("building: {}", event.message)),
         EventKind::Progress if event.message.is_empty() => Some(format!("pushing {}", human_bytes(event.bytes))),
+        // A copy into the mirror tells its total (in `millis`): a bar, with bytes and percent.
+        EventKind::Progress if event.millis > 0 => Some(format!(
+            "{} {} {} / {} ({}%)",
+            event.message,
+            progress_bar(event.bytes, event.millis),
+            human_bytes(event.bytes),
+            human_bytes(event.millis),
+            event.bytes.saturating_mul(100) / event.millis
+        )),
         EventKind::Progress => Some(format!("{} {}", event.message, human_bytes(event.bytes))),
         _ => status_text(event, names),
     }
+}
+
+/// `[#####-----]`: `done` of `total` in 20 cells.
+fn progress_bar(done: u64, total: u64) -> String {
+    let cells = (done.min(total).saturating_mul(20) / total.max(1)) as usize;
+    format!("[{}{}]", "#".repeat(cells), "-".repeat(20 - cells))
 }
 
 pub struct Tty {
@@ -115,7 +130,9 @@ impl Render for Tty {
         }
         match bar_text(event, &self.names) {
             Some(text) => match event.kind {
-                EventKind::Recorded | EventKind::Delivered => self.settle(&event.image, text),
+                EventKind::Recorded | EventKind::Delivered | EventKind::Mirrored | EventKind::InMirror => {
+                    self.settle(&event.image, text)
+                }
                 EventKind::Failed => {
                     self.settle(&event.image, text);
                     for line in self.tails.report(&event.image) {

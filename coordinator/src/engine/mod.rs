@@ -44,6 +44,9 @@ pub struct Engine {
     pub config: Config,
     pub running: running::Running,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The registry clients of the mirror, kept so that a converge asks a mirror one HEAD per
+    /// pinned image and no handshake.
+    pub registries: crate::mirror::Registries,
 }
 
 impl std::fmt::Debug for Engine {
@@ -128,7 +131,7 @@ impl Engine {
     pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<Converged, Failure> {
         if plan.mirror_only {
             // `kiln mirror`: the copy alone. The record is read only to say where it stands.
-            crate::mirror::mirror_pinned(plan, events).instrument(step("mirror")).await?;
+            crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
             let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
             return Ok(Converged { generation: record.map_or(0, |r| r.generation.0), changed: false });
         }
@@ -158,7 +161,7 @@ impl Engine {
 
         // Pinned images reach their mirror before anything is built: a pin the mirror cannot get
         // fails the converge early, and nothing is recorded that names a copy not made.
-        crate::mirror::mirror_pinned(plan, events).instrument(step("mirror")).await?;
+        crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
 
         let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
         let target = plan.target.identity();

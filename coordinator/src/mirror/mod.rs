@@ -25,7 +25,8 @@
 mod copy;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kiln_core::refs::ImageRef;
@@ -40,11 +41,32 @@ use crate::plan::{PlanImage, UpPlan};
 /// How often a copy's byte count is sent to the client.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
+/// One registry client per pair of registries, kept for the coordinator's life: its connections
+/// stay open and the tokens it was given stay cached between converges. (A registry that asks no
+/// auth still gets oci-client's `GET /v2/` version check before each request; it is a ping, not a
+/// manifest or blob request.)
+#[derive(Default)]
+pub struct Registries(Mutex<HashMap<(String, String), oci_client::Client>>);
+
+impl std::fmt::Debug for Registries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registries").finish_non_exhaustive()
+    }
+}
+
+impl Registries {
+    fn client(&self, upstream: &str, mirror: &str) -> oci_client::Client {
+        let mut clients = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let key = (upstream.to_string(), mirror.to_string());
+        clients.entry(key).or_insert_with(|| copy::client(&[upstream, mirror])).clone()
+    }
+}
+
 /// Brings every pinned image of `plan` into its mirror, or says what it would copy in a dry run.
 /// The first image that cannot be brought fails the converge, naming it.
-pub async fn mirror_pinned(plan: &UpPlan, events: &Events) -> Result<(), Failure> {
+pub async fn mirror_pinned(registries: &Registries, plan: &UpPlan, events: &Events) -> Result<(), Failure> {
     for image in plan.images.iter().filter(|i| i.mirrored_from.is_some()) {
-        mirror_one(image, plan.dry_run, events).await.map_err(|err| Failure {
+        mirror_one(registries, image, plan.dry_run, events).await.map_err(|err| Failure {
             image: Some(image.name.clone()),
             reason: format!("mirror: {}", kiln_core::error_chain(&err)),
         })?;
@@ -52,7 +74,7 @@ pub async fn mirror_pinned(plan: &UpPlan, events: &Events) -> Result<(), Failure
     Ok(())
 }
 
-async fn mirror_one(image: &PlanImage, dry_run: bool, events: &Events) -> Result<(), CopyError> {
+async fn mirror_one(registries: &Registries, image: &PlanImage, dry_run: bool, events: &Events) -> Result<(), CopyError> {
     let name = image.name.as_str();
     let upstream_text = image.mirrored_from.as_deref().unwrap_or_default();
     // Both were parsed at the edge; a pin always carries its digest.
@@ -61,7 +83,7 @@ async fn mirror_one(image: &PlanImage, dry_run: bool, events: &Events) -> Result
     };
     let digest = upstream.digest().unwrap_or_default().to_string();
     let (from, to) = (copy::Place::of(&upstream), copy::Place::of(&mirrored));
-    let client = copy::client(&[&from.registry, &to.registry]);
+    let client = registries.client(&from.registry, &to.registry);
 
     if copy::present(&client, &to, &digest).await? {
         let kind = EventKind::InMirror { reference: image.reference.clone() };

@@ -453,4 +453,52 @@ mod tests {
         );
         assert!(message.contains(&expected), "{expected:?} in {message}");
     }
+
+    fn pinned_request(mirror: &str, mirror_only: bool) -> pb::UpRequest {
+        let mut req = request("");
+        if let Some(target) = req.target.as_mut() {
+            target.mirror_registry = mirror.into();
+        }
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let envoy = pb::ImageSpec {
+            name: "envoy".into(),
+            kind: pb::image_spec::Kind::Pinned as i32,
+            reference: format!("envoyproxy/envoy:v1.30.1@{digest}"),
+            ..Default::default()
+        };
+        pb::UpRequest { images: vec![envoy], mirror_only, ..req }
+    }
+
+    #[test]
+    fn a_mirror_re_homes_a_pinned_ref_at_the_same_digest_and_keeps_the_upstream() {
+        let plan = UpPlan::try_from(pinned_request("registry.farm.internal:5000/mirror", false)).unwrap();
+        let digest = "ab".repeat(32);
+        assert_eq!(plan.images[0].reference, format!("registry.farm.internal:5000/mirror/envoy:v1.30.1@sha256:{digest}"));
+        assert_eq!(plan.images[0].mirrored_from.as_deref(), Some(format!("envoyproxy/envoy:v1.30.1@sha256:{digest}").as_str()));
+        let plain = UpPlan::try_from(pinned_request("", false)).unwrap();
+        assert_eq!((plain.images[0].mirrored_from.as_ref(), plain.mirror_registry), (None, None));
+    }
+
+    #[test]
+    fn a_mirror_that_names_no_registry_is_refused_with_the_form_to_write() {
+        let err = UpPlan::try_from(pinned_request("mirror/upstream", false)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("write host[:port][/prefix]"), "{}", err.message());
+    }
+
+    #[test]
+    fn mirror_only_needs_a_mirror_and_carries_pinned_images_alone() {
+        let err = UpPlan::try_from(pinned_request("", true)).unwrap_err();
+        assert!(err.message().contains("names no mirror_registry — add mirror_registry"), "{}", err.message());
+        let mut req = pinned_request("127.0.0.1:5000", true);
+        req.images.push(pb::ImageSpec {
+            name: "db".into(),
+            kind: pb::image_spec::Kind::Brought as i32,
+            reference: "postgres:16".into(),
+            ..Default::default()
+        });
+        let err = UpPlan::try_from(req).unwrap_err();
+        assert!(err.message().contains("\"db\": mirror_only carries pinned images only"), "{}", err.message());
+        assert!(UpPlan::try_from(pinned_request("127.0.0.1:5000", true)).unwrap().mirror_only);
+    }
 }

@@ -36,8 +36,8 @@ const MANIFEST_TYPES: &[&str] = &[
 pub enum CopyError {
     /// The bytes that came back are not the ones the pin names: refused, never recorded.
     #[error(
-        "{at} answered for {digest} with a manifest whose sha256 is {got} — the copy is refused: the registry \
-         serves other bytes than the pin names; check the pin and the registry"
+        "{at} serves other bytes than {digest} names (their sha256 is {got}) — the copy is refused; check the \
+         pin, and that registry's storage"
     )]
     DigestDiffers { at: String, digest: String, got: String },
     #[error("{what} {reference}")]
@@ -71,6 +71,11 @@ impl Place {
     /// The registry and repository of a ref Kiln already parsed and normalized.
     pub fn of(reference: &kiln_core::refs::ImageRef) -> Place {
         Place { registry: reference.domain().to_string(), repository: reference.path().to_string() }
+    }
+
+    /// `registry/repository`, as an error names it.
+    fn name(&self) -> String {
+        format!("{}/{}", self.registry, self.repository)
     }
 
     fn at(&self, digest: &str) -> Reference {
@@ -109,11 +114,11 @@ pub async fn present(client: &Client, mirror: &Place, digest: &str) -> Result<bo
     let reference = mirror.at(digest);
     match client.fetch_manifest_digest(&reference, &RegistryAuth::Anonymous).await {
         Ok(got) if got == digest => Ok(true),
-        Ok(got) => Err(CopyError::DigestDiffers { at: reference.whole(), digest: digest.to_string(), got }),
+        Ok(got) => Err(CopyError::DigestDiffers { at: mirror.name(), digest: digest.to_string(), got }),
         Err(err) if not_found(&err) => Ok(false),
         Err(OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
             actual, ..
-        })) => Err(CopyError::DigestDiffers { at: reference.whole(), digest: digest.to_string(), got: actual }),
+        })) => Err(CopyError::DigestDiffers { at: mirror.name(), digest: digest.to_string(), got: actual }),
         Err(err) => Err(CopyError::Registry { what: "HEAD", reference: reference.whole(), err }),
     }
 }
@@ -148,13 +153,13 @@ async fn pull(client: &Client, upstream: &Place, digest: &str) -> Result<Pulled,
         Ok(pulled) => pulled,
         Err(OciDistributionError::DigestError(oci_client::errors::DigestError::VerificationError {
             actual, ..
-        })) => return Err(CopyError::DigestDiffers { at: reference.whole(), digest: digest.to_string(), got: actual }),
+        })) => return Err(CopyError::DigestDiffers { at: upstream.name(), digest: digest.to_string(), got: actual }),
         Err(err) => return Err(CopyError::Registry { what: "pull manifest", reference: reference.whole(), err }),
     };
     // Checked here whatever the client checked: the pin is only as good as this comparison.
     let got = sha256(&bytes);
     if got != digest {
-        return Err(CopyError::DigestDiffers { at: reference.whole(), digest: digest.to_string(), got });
+        return Err(CopyError::DigestDiffers { at: upstream.name(), digest: digest.to_string(), got });
     }
     let unreadable = |why: String| CopyError::Unreadable { reference: reference.whole(), why };
     let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| unreadable(e.to_string()))?;
@@ -265,7 +270,7 @@ pub async fn copy(
     // was pulled, or the copy is refused before anything records it.
     if !present(client, mirror, digest).await? {
         return Err(CopyError::DigestDiffers {
-            at: mirror.at(digest).whole(),
+            at: mirror.name(),
             digest: digest.to_string(),
             got: "nothing (the manifest pushed is not there)".to_string(),
         });

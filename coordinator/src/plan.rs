@@ -473,8 +473,14 @@ mod tests {
     fn a_mirror_re_homes_a_pinned_ref_at_the_same_digest_and_keeps_the_upstream() {
         let plan = UpPlan::try_from(pinned_request("registry.farm.internal:5000/mirror", false)).unwrap();
         let digest = "ab".repeat(32);
-        assert_eq!(plan.images[0].reference, format!("registry.farm.internal:5000/mirror/envoy:v1.30.1@sha256:{digest}"));
-        assert_eq!(plan.images[0].mirrored_from.as_deref(), Some(format!("envoyproxy/envoy:v1.30.1@sha256:{digest}").as_str()));
+        assert_eq!(
+            plan.images[0].reference,
+            format!("registry.farm.internal:5000/mirror/envoy:v1.30.1@sha256:{digest}")
+        );
+        assert_eq!(
+            plan.images[0].mirrored_from.as_deref(),
+            Some(format!("envoyproxy/envoy:v1.30.1@sha256:{digest}").as_str())
+        );
         let plain = UpPlan::try_from(pinned_request("", false)).unwrap();
         assert_eq!((plain.images[0].mirrored_from.as_ref(), plain.mirror_registry), (None, None));
     }

@@ -93,7 +93,8 @@ async fn a_pinned_image_is_copied_whole_at_its_digest_and_only_once() {
     assert!(images_with(&events, Kind::Mirrored).is_empty(), "{events:#?}");
     // oci-client checks the API version (`GET /v2/`) before each request to a registry that asks
     // no auth, as this one does; that ping is not counted.
-    let asked: Vec<String> = mirror.requests().split_off(mirror_before).into_iter().filter(|r| r != "GET /v2/").collect();
+    let asked: Vec<String> =
+        mirror.requests().split_off(mirror_before).into_iter().filter(|r| r != "GET /v2/").collect();
     assert_eq!(asked, [format!("HEAD /v2/mirror/envoy/manifests/{}", pushed.index)]);
     assert_eq!(upstream.requests().len(), upstream_before, "the upstream is not asked again");
 

@@ -125,10 +125,9 @@ pub async fn present(client: &Client, mirror: &Place, digest: &str) -> Result<bo
 
 fn not_found(err: &OciDistributionError) -> bool {
     match err {
-        OciDistributionError::RegistryError { envelope, .. } => envelope
-            .errors
-            .iter()
-            .any(|e| matches!(e.code, OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown)),
+        OciDistributionError::RegistryError { envelope, .. } => {
+            envelope.errors.iter().any(|e| matches!(e.code, OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown))
+        }
         OciDistributionError::ServerError { code, .. } => *code == 404,
         OciDistributionError::ImageManifestNotFoundError(_) => true,
         _ => false,
@@ -288,10 +287,11 @@ async fn copy_blob(
     let from = upstream.at(&blob.digest);
     // oci-client hashes the stream as it passes and fails it at the end on a mismatch; the mirror
     // checks the digest again when the upload is committed.
-    let stream = client
-        .pull_blob_stream(&from, blob)
-        .await
-        .map_err(|err| CopyError::Registry { what: "pull blob", reference: from.whole(), err })?;
+    let stream = client.pull_blob_stream(&from, blob).await.map_err(|err| CopyError::Registry {
+        what: "pull blob",
+        reference: from.whole(),
+        err,
+    })?;
     let counted = stream.stream.map(move |chunk| {
         let chunk = chunk.map_err(OciDistributionError::from)?;
         moved.fetch_add(chunk.len() as u64, Ordering::Relaxed);

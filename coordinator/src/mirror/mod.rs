@@ -24,8 +24,8 @@
 
 mod copy;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,7 +74,12 @@ pub async fn mirror_pinned(registries: &Registries, plan: &UpPlan, events: &Even
     Ok(())
 }
 
-async fn mirror_one(registries: &Registries, image: &PlanImage, dry_run: bool, events: &Events) -> Result<(), CopyError> {
+async fn mirror_one(
+    registries: &Registries,
+    image: &PlanImage,
+    dry_run: bool,
+    events: &Events,
+) -> Result<(), CopyError> {
     let name = image.name.as_str();
     let upstream_text = image.mirrored_from.as_deref().unwrap_or_default();
     // Both were parsed at the edge; a pin always carries its digest.
@@ -115,7 +120,8 @@ async fn mirror_one(registries: &Registries, image: &PlanImage, dry_run: bool, e
         0 => format!("copied {} blob(s) from {upstream_text} → {}", copied.blobs, image.reference),
         n => format!("copied {} blob(s), {n} already there, from {upstream_text} → {}", copied.blobs, image.reference),
     };
-    let kind = EventKind::Mirrored { reference: image.reference.clone(), bytes: copied.bytes, blobs: copied.blobs, millis };
+    let kind =
+        EventKind::Mirrored { reference: image.reference.clone(), bytes: copied.bytes, blobs: copied.blobs, millis };
     events.emit(kind, Some(name), words);
     Ok(())
 }

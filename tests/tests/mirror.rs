@@ -2,12 +2,13 @@
 //! pinned image (pushed with no Docker, `kiln_e2e::oci`), the other the mirror. A converge copies
 //! the whole index into the mirror at the same digest and records the mirrored ref; a second one
 //! makes one HEAD and copies nothing; an upstream serving bytes the pin does not name is refused
-//! and nothing is recorded; `kiln mirror --dry-run` lists the copy it would make.
+//! and nothing is recorded; `kiln mirror --dry-run` and `kiln up --dry-run` list the copy they would
+//! make and make none.
 
 use kiln::render::plain::Plain;
 use kiln_e2e::fixture::unique;
 use kiln_e2e::oci::{manifest_digest, push_two_platform};
-use kiln_e2e::wire::{channel, images_with, succeeded, up};
+use kiln_e2e::wire::{channel, images_with, succeeded, up, up_dry};
 use kiln_e2e::{Farm, Registry};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::converge_event::Kind;
@@ -64,6 +65,9 @@ async fn a_pinned_image_is_copied_whole_at_its_digest_and_only_once() {
     assert_eq!(outcome.exit(), kiln::Exit::Converged, "{text}");
     assert!(text.contains(&format!("envoy    would copy {} → {mirrored}", pushed.pinned)), "{text}");
     assert_eq!(manifest_digest(&mirror.addr, "mirror/envoy", &pushed.index).await, None, "a dry run copies nothing");
+    let events = up_dry(&farm.url, &dir, false).await;
+    assert_eq!(images_with(&events, Kind::WouldMirror), ["envoy"], "{events:#?}");
+    assert!(recorded(&farm.url, &name).await.is_none_or(|r| r.generation == 0), "a dry run records nothing");
 
     let events = up(&farm.url, &dir, false).await;
     assert!(succeeded(&events), "{events:#?}");

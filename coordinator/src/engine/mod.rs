@@ -203,6 +203,11 @@ impl Engine {
             recorded.extend(running.instrument(step("images")).await?);
         }
 
+        // A dry run of brought and pinned images alone said all it had to above: it records
+        // nothing, least of all a mirrored ref whose copy it did not make.
+        if plan.dry_run {
+            return Ok(Converged { generation: record.as_ref().map_or(0, |r| r.generation.0), changed: false });
+        }
         // Keep the manifest's order in the record.
         let order: BTreeMap<&str, usize> =
             plan.images.iter().enumerate().map(|(i, im)| (im.name.as_str(), i)).collect();

@@ -225,4 +225,18 @@ mod tests {
         let swept = Event::new(EventKind::Note, "", "swept 4 image(s) (2.1 GB)");
         assert_eq!(bar_text(&swept, &names), None, "converge-wide events print above the lines");
     }
+
+    #[test]
+    fn a_copy_into_the_mirror_shows_a_bar_bytes_and_percent_then_what_it_moved() {
+        let names = ContextNames::new();
+        let copying =
+            Event { bytes: 50_000_000, millis: 200_000_000, ..Event::new(EventKind::Progress, "envoy", "copying") };
+        assert_eq!(
+            bar_text(&copying, &names).as_deref(),
+            Some("copying [#####---------------] 50.0 MB / 200.0 MB (25%)")
+        );
+        let words = "copied 4 blob(s) from up/envoy:v1@sha256:ab → mirror/envoy:v1@sha256:ab";
+        let mirrored = Event { bytes: 400_000_000, millis: 2_500, ..Event::new(EventKind::Mirrored, "envoy", words) };
+        assert_eq!(bar_text(&mirrored, &names), Some(format!("mirrored 400.0 MB in 2.5 s ({words})")));
+    }
 }

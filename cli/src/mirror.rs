@@ -43,7 +43,9 @@ pub async fn mirror_with(args: &MirrorArgs, render: &mut dyn Render) -> Result<U
     }
     let request = plan_mirror(&manifest, args.dry_run, &crate::home::requested_by());
     let plan = UpPlan { request, contexts: Default::default(), staged: Default::default() };
-    let outcome = with_coordinator(&args.connect, true, |link| converge(link, &plan, &mut *render)).await;
+    // No host agent: a copy registry to registry touches no image store, so `kiln mirror` runs
+    // where no Docker daemon does.
+    let outcome = with_coordinator(&args.connect, false, |link| converge(link, &plan, &mut *render)).await;
     render.finish().map_err(CliError::Output)?;
     outcome
 }

@@ -32,14 +32,9 @@ async fn recorded(url: &str, instance: &str) -> Option<pb::InstanceStatus> {
     reply.instances.into_iter().find(|i| i.instance == instance)
 }
 
-/// `kiln mirror [--dry-run] DIR` as a user runs it, against `url`: its plain output.
-async fn kiln_mirror(url: &str, dir: &Path, dry_run: bool) -> (kiln::UpOutcome, String) {
-    let args = kiln::MirrorArgs {
-        dir: dir.to_path_buf(),
-        dry_run,
-        connect: kiln::Connect::remote(url),
-        output: kiln::OutputMode::Plain,
-    };
+/// `kiln mirror [--dry-run] DIR` as a user runs it, against `connect`: its plain output.
+async fn kiln_mirror(connect: kiln::Connect, dir: &Path, dry_run: bool) -> (kiln::UpOutcome, String) {
+    let args = kiln::MirrorArgs { dir: dir.to_path_buf(), dry_run, connect, output: kiln::OutputMode::Plain };
     let mut out = Plain::new(Vec::new());
     let outcome = kiln::mirror_with(&args, &mut out).await.unwrap();
     (outcome, String::from_utf8(out.into_inner()).unwrap())
@@ -61,7 +56,7 @@ async fn a_pinned_image_is_copied_whole_at_its_digest_and_only_once() {
     let mut farm = Farm::start(&tmp.path().join("home")).await;
 
     // The dry run names the copy, and makes none.
-    let (outcome, text) = kiln_mirror(&farm.url, &dir, true).await;
+    let (outcome, text) = kiln_mirror(kiln::Connect::remote(&farm.url), &dir, true).await;
     assert_eq!(outcome.exit(), kiln::Exit::Converged, "{text}");
     assert!(text.contains(&format!("envoy    would copy {} → {mirrored}", pushed.pinned)), "{text}");
     assert_eq!(manifest_digest(&mirror.addr, "mirror/envoy", &pushed.index).await, None, "a dry run copies nothing");
@@ -102,10 +97,15 @@ async fn a_pinned_image_is_copied_whole_at_its_digest_and_only_once() {
     assert_eq!(asked, [format!("HEAD /v2/mirror/envoy/manifests/{}", pushed.index)]);
     assert_eq!(upstream.requests().len(), upstream_before, "the upstream is not asked again");
 
-    let (outcome, text) = kiln_mirror(&farm.url, &dir, false).await;
+    let (outcome, text) = kiln_mirror(kiln::Connect::remote(&farm.url), &dir, false).await;
     assert_eq!(outcome.exit(), kiln::Exit::Converged, "{text}");
     assert!(text.contains(&format!("envoy    in mirror: {mirrored}")), "{text}");
     farm.stop().await;
+
+    // The embedded default starts no host agent for it: a copy needs no Docker daemon.
+    let (outcome, text) = kiln_mirror(kiln::Connect::embedded_in(tmp.path().join("laptop")), &dir, false).await;
+    assert_eq!(outcome.exit(), kiln::Exit::Converged, "{text}");
+    assert!(text.contains(&format!("envoy    in mirror: {mirrored}")), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

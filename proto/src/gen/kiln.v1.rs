@@ -365,8 +365,8 @@ pub struct UpRequest {
     pub team: ::prost::alloc::string::String,
     /// `kiln mirror`: copy the pinned images into `target.mirror_registry` and nothing else — no
     /// claim, build, delivery, record or sweep; with `dry_run`, only say what would be copied. The
-    /// request carries only pinned images. An older coordinator ignores it and converges: a CLI
-    /// sends it only with pinned images, so that converge builds nothing either.
+    /// request carries only pinned images. An older coordinator ignores it and converges those
+    /// pinned images alone: it builds nothing, but records them under their upstream refs.
     ///
     /// NextId: 10
     #[prost(bool, tag = "9")]

@@ -8,6 +8,7 @@ mod delivery;
 mod digest;
 mod failover;
 mod farm;
+mod mirror;
 mod observe;
 mod pack;
 mod stat_cache;
@@ -56,6 +57,8 @@ enum Bench {
     Observe(observe::Args),
     /// The SQLite state under 200 concurrent converges' writes: group commit vs a transaction per call.
     StateWrites(state_writes::Args),
+    /// `kiln mirror` of a two-platform pinned image between local registries vs docker pull+tag+push of one platform.
+    Mirror(mirror::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,5 +77,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Failover(args) => failover::run(&args),
         Bench::Observe(args) => observe::run(&args),
         Bench::StateWrites(args) => state_writes::run(&args),
+        Bench::Mirror(args) => mirror::run(&args),
     }
 }

@@ -129,6 +129,11 @@ pub enum CliError {
     UnknownContext { digest: String },
     #[error("{file} names no built image {image:?} — its built images: {built}")]
     NoSuchImage { image: String, file: PathBuf, built: String },
+    #[error(
+        "{manifest} names no mirror_registry — add mirror_registry = \"host:port/prefix\" under [target] for \
+         `kiln mirror` to copy its pinned images into"
+    )]
+    NoMirror { manifest: PathBuf },
     #[error("cannot write the output")]
     Output(#[source] std::io::Error),
     #[error("the {what} task panicked")]
@@ -159,6 +164,7 @@ impl CliError {
             | CliError::Credentials { .. }
             | CliError::TokenFileOpen { .. }
             | CliError::NoSuchImage { .. }
+            | CliError::NoMirror { .. }
             | CliError::NoHome => Exit::Usage,
             // The coordinator judged the request itself malformed: the user's input, not the converge.
             CliError::Refused { code: tonic::Code::InvalidArgument, .. } => Exit::Usage,

@@ -44,6 +44,13 @@ pub enum EventKind {
     Queued,
     /// A build task lost on its agent (`store`) and queued again.
     Requeued,
+    /// A pinned image copied into the mirror: `reference` the mirrored ref, `bytes` and `count`
+    /// (blobs) copied, in `millis`.
+    Mirrored,
+    /// A pinned image the mirror already holds at its digest: nothing copied.
+    InMirror,
+    /// A dry run's copy into the mirror.
+    WouldMirror,
     /// A kind from a newer coordinator, with its wire number.
     Unknown(i32),
 }
@@ -76,6 +83,9 @@ impl EventKind {
             EventKind::ContextsCollected => "contexts_collected",
             EventKind::Queued => "queued",
             EventKind::Requeued => "requeued",
+            EventKind::Mirrored => "mirrored",
+            EventKind::InMirror => "in_mirror",
+            EventKind::WouldMirror => "would_mirror",
             EventKind::Unknown(_) => "unknown",
         }
     }
@@ -107,6 +117,9 @@ impl EventKind {
             Ok(K::ContextsCollected) => EventKind::ContextsCollected,
             Ok(K::Queued) => EventKind::Queued,
             Ok(K::Requeued) => EventKind::Requeued,
+            Ok(K::Mirrored) => EventKind::Mirrored,
+            Ok(K::InMirror) => EventKind::InMirror,
+            Ok(K::WouldMirror) => EventKind::WouldMirror,
             Ok(K::Unspecified) | Err(_) => EventKind::Unknown(kind),
         }
     }
@@ -138,6 +151,9 @@ impl EventKind {
             EventKind::ContextsCollected => K::ContextsCollected,
             EventKind::Queued => K::Queued,
             EventKind::Requeued => K::Requeued,
+            EventKind::Mirrored => K::Mirrored,
+            EventKind::InMirror => K::InMirror,
+            EventKind::WouldMirror => K::WouldMirror,
             EventKind::Unknown(n) => return n,
         };
         kind as i32

@@ -11,6 +11,7 @@
 //! - [`why`] — `kiln why IMAGE`: every input and file that moved since a recorded generation.
 //! - [`gc`], [`down`], [`pin`], [`unpin`], [`pins`] — the sweep's commands ([`sweep`]): gc and
 //!   down stream their events through the same renderers as `up`.
+//! - [`mirror`] — `kiln mirror`: the pinned images copied into `mirror_registry`, alone.
 //! - [`embedded`] — with no coordinator URL, every command starts the real coordinator and a host
 //!   agent in-process, state in `$KILN_HOME` ([`home`]), and shuts them down after.
 //! - [`connect`] — dialing on the retry ladder; transport failures become messages naming the
@@ -33,6 +34,7 @@ pub mod embedded;
 pub mod error;
 pub mod event;
 pub mod home;
+pub mod mirror;
 pub mod plumbing;
 pub mod ps;
 pub mod query;
@@ -50,6 +52,7 @@ use std::time::Duration;
 
 pub use error::{CliError, Exit};
 pub use event::{Event, EventKind, Outcome};
+pub use mirror::{mirror, mirror_with, MirrorArgs};
 pub use ps::{cancel, ps, PsView};
 pub use query::{agents, audit, images, logs, logs_with, status, whoami, AuditView, ListArgs, LogsArgs, StatusArgs};
 pub use render::OutputMode;

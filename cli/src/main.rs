@@ -104,6 +104,16 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Copy the instance's pinned images into its mirror_registry — every platform, at the
+    /// pinned digest — and nothing else: no build, record or sweep. Shows bytes as they move.
+    Mirror {
+        /// The instance folder holding `kiln.toml`.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// List what would be copied; copy nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Take an instance down: delete its record, then sweep what nothing else needs. No prompt.
     Down {
         /// The instance folder whose `kiln.toml` names the instance.
@@ -218,6 +228,7 @@ impl Command {
     fn name(&self) -> &'static str {
         match self {
             Command::Up { .. } => "up",
+            Command::Mirror { .. } => "mirror",
             Command::Down { .. } => "down",
             Command::Gc { .. } => "gc",
             Command::Pin { .. } => "pin",
@@ -314,6 +325,10 @@ async fn dispatch(command: Command, remote: &Remote) -> Result<Exit, CliError> {
             let args = kiln::UpArgs { dir, force, dry_run, connect, output };
             let outcome = kiln::up(args).await?;
             job_exit("converge", &outcome, remote)
+        }
+        Command::Mirror { dir, dry_run } => {
+            let outcome = kiln::mirror(kiln::MirrorArgs { dir, dry_run, connect, output }).await?;
+            job_exit("mirror", &outcome, remote)
         }
         Command::Down { dir } => {
             let outcome = kiln::down(kiln::DownArgs { dir, connect, output }).await?;

@@ -148,7 +148,7 @@ fn clear_dir(dir: &Path) -> Result<()> {
 
 /// Step 1 of the converge, alone: stage, walk and address every built image exactly as `kiln up`
 /// does (`request::walk_built`), so a staged image's ref here is the one `up` builds; brought and
-/// pinned refs pass through untouched.
+/// pinned refs pass through untouched, but for a pinned image a `mirror_registry` re-homes.
 pub fn refs(dir: &Path) -> Result<()> {
     let manifest = Manifest::load(dir)?;
     let mut out = BufWriter::new(io::stdout().lock());
@@ -164,7 +164,15 @@ pub fn refs(dir: &Path) -> Result<()> {
                 writeln!(out, "{:<12} built    {}  ({entries} entries{staged})", image.name, done.reference)?;
             }
             ImageSpec::Brought(r) => writeln!(out, "{:<12} brought  {r}", image.name)?,
-            ImageSpec::Pinned(r) => writeln!(out, "{:<12} pinned   {r}", image.name)?,
+            // Re-homed by `mirror_registry`, a pinned image is deployed from the mirror: the ref
+            // the record and the ConfigMap will name, computed as the coordinator computes it.
+            ImageSpec::Pinned(r) => match &manifest.mirror_registry {
+                Some(mirror) => {
+                    let mirrored = kiln_core::refs::mirrored(r, &mirror.to_string())?;
+                    writeln!(out, "{:<12} pinned   {mirrored}  (mirror of {r})", image.name)?
+                }
+                None => writeln!(out, "{:<12} pinned   {r}", image.name)?,
+            },
         }
     }
     out.flush()?;

@@ -164,6 +164,7 @@ pub fn plan_up(
         requested_by: requested_by.to_string(),
         dry_run: false,
         team: manifest.team.clone().unwrap_or_default(),
+        mirror_only: false,
     };
     Ok(UpPlan { request, contexts, staged: walked.staged })
 }
@@ -206,7 +207,37 @@ pub(crate) fn wire_target(manifest: &Manifest) -> WireTarget {
         Target::Nodes { cluster } => (target::Kind::Nodes, String::new(), cluster.clone()),
         Target::Local => (target::Kind::Local, String::new(), String::new()),
     };
-    WireTarget { kind: kind as i32, registry, cluster, namespace }
+    let mirror_registry = manifest.mirror_registry.as_ref().map(ToString::to_string).unwrap_or_default();
+    WireTarget { kind: kind as i32, registry, cluster, namespace, mirror_registry }
+}
+
+/// `kiln mirror`: the manifest's pinned images alone, to be copied into its `mirror_registry` —
+/// no context is walked or staged, since nothing is built.
+pub fn plan_mirror(manifest: &Manifest, dry_run: bool, requested_by: &str) -> UpRequest {
+    let images = manifest
+        .images
+        .iter()
+        .filter_map(|image| match &image.spec {
+            ImageSpec::Pinned(r) => Some(WireImage {
+                name: image.name.clone(),
+                kind: image_spec::Kind::Pinned as i32,
+                reference: r.to_string(),
+                ..Default::default()
+            }),
+            _ => None,
+        })
+        .collect();
+    UpRequest {
+        instance: manifest.instance.clone(),
+        target: Some(wire_target(manifest)),
+        platforms: manifest.platforms.iter().map(|p| p.oci()).collect(),
+        images,
+        force: false,
+        requested_by: requested_by.to_string(),
+        dry_run,
+        team: manifest.team.clone().unwrap_or_default(),
+        mirror_only: true,
+    }
 }
 
 #[cfg(test)]

@@ -145,7 +145,7 @@ fn interrupted_outcome(events: Vec<Event>) -> UpOutcome {
 }
 
 /// Steps 2–9 as seen from the CLI: ask, upload on demand, show, until `Finished`.
-async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<UpOutcome, CliError> {
+pub(crate) async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render) -> Result<UpOutcome, CliError> {
     let kiln = KilnClient::new(link.channel.clone());
     let store = ContentStoreClient::new(link.channel.clone());
     let response = connect::call(&link, "Up", Kind::Action, || {

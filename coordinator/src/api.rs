@@ -216,10 +216,13 @@ fn dry_run(engine: Arc<Engine>, plan: UpPlan) -> EventStream {
     let span = tracing::info_span!("converge", otel.name = "converge up --dry-run", converge = %id, kind = "up");
     let job = async move {
         let (events, writer) = Events::ephemeral(id.clone(), live);
-        events.emit(EventKind::Started, None, "dry run");
+        events.emit(EventKind::Started, None, if plan.mirror_only { "mirror --dry-run" } else { "dry run" });
         match engine.up(&id, &plan, &events).await {
             Ok(done) => {
-                let message = format!("{} would converge from generation {}", plan.instance, done.generation);
+                let message = match plan.mirror_only {
+                    true => format!("{} would be mirrored as listed", plan.instance),
+                    false => format!("{} would converge from generation {}", plan.instance, done.generation),
+                };
                 events.emit(EventKind::Finished { succeeded: true, generation: done.generation }, None, message);
             }
             Err(failure) => {
@@ -322,40 +325,40 @@ impl pb::kiln_server::Kiln for KilnService {
         // The client's end of the stream: gone (Ctrl-C, a vanished CLI) cancels the converge.
         let client = live.clone();
         let owner = crate::engine::owner(&plan);
-        let audited = Audited { actor: principal.actor(), action: "up", target: plan.instance.clone(), address, owner };
-        spawn_job(
-            self.engine.clone(),
-            converge.id,
-            live,
-            String::new(),
-            audited,
-            move |engine, id, events| async move {
-                let mut result = cancellable(&engine, &id, &plan, &events, client).await;
-                if let Ok(done) = result {
-                    result =
-                        crate::kube::published(&engine.config, &plan, done.generation, &events).await.map(|()| done);
+        // `kiln mirror` is a job of its own (its Started names it, as gc's and down's do): it
+        // copies, and publishes, sweeps and records nothing.
+        let (action, started) = match plan.mirror_only {
+            true => ("mirror", format!("mirror {}", plan.instance)),
+            false => ("up", String::new()),
+        };
+        let audited = Audited { actor: principal.actor(), action, target: plan.instance.clone(), address, owner };
+        spawn_job(self.engine.clone(), converge.id, live, started, audited, move |engine, id, events| async move {
+            let mut result = cancellable(&engine, &id, &plan, &events, client).await;
+            if plan.mirror_only {
+                let pinned = plan.images.iter().filter(|i| i.mirrored_from.is_some()).count();
+                return result.map(|done| (format!("{pinned} pinned image(s) in the mirror"), done.generation));
+            }
+            if let Ok(done) = result {
+                result = crate::kube::published(&engine.config, &plan, done.generation, &events).await.map(|()| done);
+            }
+            // Swept while the claims still hold: this converge's refs are roots until released,
+            // and are named as kept besides. A failed converge sweeps nothing, and neither does
+            // one that changed nothing: a no-op converge costs a walk and one RPC, no Docker call.
+            if result.as_ref().is_ok_and(|done| done.changed) {
+                let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
+                let options = SweepOptions { keep, ..SweepOptions::default() };
+                if let Err(err) = sweep(&engine, &id, &options, &events).instrument(step("sweep")).await {
+                    events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
                 }
-                // Swept while the claims still hold: this converge's refs are roots until released,
-                // and are named as kept besides. A failed converge sweeps nothing, and neither does
-                // one that changed nothing: a no-op converge costs a walk and one RPC, no Docker call.
-                if result.as_ref().is_ok_and(|done| done.changed) {
-                    let keep = plan.images.iter().map(|image| image.reference.clone()).collect();
-                    let options = SweepOptions { keep, ..SweepOptions::default() };
-                    if let Err(err) = sweep(&engine, &id, &options, &events).instrument(step("sweep")).await {
-                        events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
-                    }
-                }
-                if let Err(err) = engine.store.release_claims(&id).await {
-                    tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
-                }
-                result.map(|done| match done.changed {
-                    true => (format!("{} at generation {}", plan.instance, done.generation), done.generation),
-                    false => {
-                        (format!("{} unchanged at generation {}", plan.instance, done.generation), done.generation)
-                    }
-                })
-            },
-        );
+            }
+            if let Err(err) = engine.store.release_claims(&id).await {
+                tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
+            }
+            result.map(|done| match done.changed {
+                true => (format!("{} at generation {}", plan.instance, done.generation), done.generation),
+                false => (format!("{} unchanged at generation {}", plan.instance, done.generation), done.generation),
+            })
+        });
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 

@@ -120,7 +120,13 @@ impl Events {
 
     /// Bytes moved so far by a push or upload; live only.
     pub fn progress(&self, image: &str, current: u64, total: u64) {
+        self.progress_saying(image, "", current, total)
+    }
+
+    /// Bytes moved so far, with the word the client shows before them (`copying`); live only.
+    pub fn progress_saying(&self, image: &str, words: &str, current: u64, total: u64) {
         let event = pb::ConvergeEvent {
+            message: words.to_string(),
             converge_id: self.id.to_string(),
             kind: pb::converge_event::Kind::Progress as i32,
             image: image.to_string(),
@@ -216,6 +222,18 @@ pub fn to_pb(id: &ConvergeId, event: &Event) -> pb::ConvergeEvent {
         EventKind::Requeued { agent } => {
             wire.store = agent.clone();
             Kind::Requeued
+        }
+        EventKind::Mirrored { reference, bytes, blobs, millis } => {
+            (wire.reference, wire.bytes, wire.count, wire.millis) = (reference.clone(), *bytes, *blobs, *millis);
+            Kind::Mirrored
+        }
+        EventKind::InMirror { reference } => {
+            wire.reference = reference.clone();
+            Kind::InMirror
+        }
+        EventKind::WouldMirror { reference, .. } => {
+            wire.reference = reference.clone();
+            Kind::WouldMirror
         }
         EventKind::Note | EventKind::Unknown => Kind::Note,
     };

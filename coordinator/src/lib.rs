@@ -9,6 +9,8 @@
 //! - [`serve`] — start here: opens the state, fails converges a crash left running, and serves
 //!   the three gRPC services on a listener the caller bound.
 //! - `engine` — the converge, step by step (DESIGN.md "The converge"); `plan` converts the request.
+//! - `mirror` — pinned images copied into `mirror_registry` at their digest (and why the copy runs
+//!   here, in the coordinator).
 //! - `hub` — agents' `Connect` streams and the tasks sent over them, as `task`'s domain types
 //!   (prost stops at the hub); `contexts` — the content store.
 //! - `api` — the CLI-facing `Kiln` service; `events` — each converge's persisted, streamed log.
@@ -38,6 +40,7 @@ mod engine;
 mod events;
 mod hub;
 pub mod metrics;
+mod mirror;
 mod relay;
 mod schedule;
 mod server;

@@ -463,6 +463,23 @@ pub enum EventKind {
     Requeued {
         agent: String,
     },
+    /// A pinned image copied into the mirror at its pinned digest: `blobs` copied with `bytes`
+    /// (mounted and present blobs not counted), in `millis`.
+    Mirrored {
+        reference: String,
+        bytes: u64,
+        blobs: u64,
+        millis: u64,
+    },
+    /// A pinned image the mirror already holds at its digest: nothing copied.
+    InMirror {
+        reference: String,
+    },
+    /// A dry run's copy: `reference` would be copied from `from`.
+    WouldMirror {
+        reference: String,
+        from: String,
+    },
     /// A kind written by a newer kiln.
     #[serde(other)]
     Unknown,

@@ -57,9 +57,13 @@ pub enum PlanKind {
 #[derive(Clone, Debug)]
 pub struct PlanImage {
     pub name: String,
-    /// As the client wrote it; brought and pinned refs pass into the record untouched.
+    /// As the client wrote it; brought and pinned refs pass into the record untouched — except a
+    /// pinned ref re-homed by `mirror_registry`, which is its mirrored ref from the edge on, so the
+    /// record, the `kiln-images` ConfigMap and every root name the mirror.
     pub reference: String,
     pub kind: PlanKind,
+    /// A pinned image re-homed by `mirror_registry`: the upstream ref it is copied from.
+    pub mirrored_from: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -76,6 +80,10 @@ pub struct UpPlan {
     pub dry_run: bool,
     /// The team the manifest names as the instance's owner.
     pub team: Option<String>,
+    /// `host[:port][/prefix]` the pinned images are copied into, when the manifest names one.
+    pub mirror_registry: Option<String>,
+    /// `kiln mirror`: copy the pinned images and nothing else — no claim, build, record or sweep.
+    pub mirror_only: bool,
 }
 
 impl Target {
@@ -114,6 +122,7 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             ))
         })?;
         let namespace = Some(target.namespace.clone()).filter(|ns| !ns.is_empty());
+        let mirror_registry = Some(target.mirror_registry.clone()).filter(|m| !m.is_empty());
         let target = Target::of(&req.instance, target)?;
         if req.platforms.is_empty() {
             return Err(missing("platforms"));
@@ -160,9 +169,24 @@ impl TryFrom<pb::UpRequest> for UpPlan {
                 pb::image_spec::Kind::Pinned => PlanKind::Pinned,
                 pb::image_spec::Kind::Unspecified => return Err(Status::invalid_argument(at("kind is unspecified"))),
             };
-            images.push(PlanImage { name: image.name, reference: image.reference, kind });
+            let (reference, mirrored_from) = match (&kind, &mirror_registry) {
+                (PlanKind::Pinned, Some(mirror)) => {
+                    let mirrored = kiln_core::refs::mirrored(&sent, mirror).map_err(|e| {
+                        Status::invalid_argument(format!(
+                            "target.mirror_registry {mirror:?}: {e} — write host[:port][/prefix], e.g. \
+                             registry.farm.internal:5000/mirror"
+                        ))
+                    })?;
+                    (mirrored.to_string(), Some(image.reference))
+                }
+                _ => (image.reference, None),
+            };
+            images.push(PlanImage { name: image.name, reference, kind, mirrored_from });
         }
         check_bases(&images)?;
+        if req.mirror_only {
+            check_mirror_only(&req.instance, &images, mirror_registry.as_deref())?;
+        }
         Ok(UpPlan {
             instance: req.instance,
             target,
@@ -174,8 +198,28 @@ impl TryFrom<pb::UpRequest> for UpPlan {
             requested_by: req.requested_by,
             dry_run: req.dry_run,
             team: Some(req.team).filter(|t| !t.is_empty()),
+            mirror_registry,
+            mirror_only: req.mirror_only,
         })
     }
+}
+
+/// `kiln mirror` copies pinned images into a mirror: it needs one, and it carries nothing else (a
+/// built image in it would be silently skipped, and the CLI never sends one).
+fn check_mirror_only(instance: &str, images: &[PlanImage], mirror: Option<&str>) -> Result<(), Status> {
+    if mirror.is_none() {
+        return Err(Status::invalid_argument(format!(
+            "instance {instance} names no mirror_registry — add mirror_registry = \"host:port/prefix\" under \
+             [target] in its kiln.toml"
+        )));
+    }
+    if let Some(other) = images.iter().find(|i| !matches!(i.kind, PlanKind::Pinned)) {
+        return Err(Status::invalid_argument(format!(
+            "UpRequest image {:?}: mirror_only carries pinned images only — send the others with `kiln up`",
+            other.name
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a `from` graph the engine could not follow, or one that is not what the Dockerfiles
@@ -370,6 +414,7 @@ mod tests {
     #[test]
     fn a_cycle_is_refused_naming_it() {
         let image = |name: &str, from: &[&str]| PlanImage {
+            mirrored_from: None,
             name: name.to_string(),
             reference: format!("shop-{name}:0123456789ab-amd64"),
             kind: PlanKind::Built(BuildInputs {
@@ -413,5 +458,59 @@ mod tests {
             base.reference
         );
         assert!(message.contains(&expected), "{expected:?} in {message}");
+    }
+
+    fn pinned_request(mirror: &str, mirror_only: bool) -> pb::UpRequest {
+        let mut req = request("");
+        if let Some(target) = req.target.as_mut() {
+            target.mirror_registry = mirror.into();
+        }
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let envoy = pb::ImageSpec {
+            name: "envoy".into(),
+            kind: pb::image_spec::Kind::Pinned as i32,
+            reference: format!("envoyproxy/envoy:v1.30.1@{digest}"),
+            ..Default::default()
+        };
+        pb::UpRequest { images: vec![envoy], mirror_only, ..req }
+    }
+
+    #[test]
+    fn a_mirror_re_homes_a_pinned_ref_at_the_same_digest_and_keeps_the_upstream() {
+        let plan = UpPlan::try_from(pinned_request("registry.farm.internal:5000/mirror", false)).unwrap();
+        let digest = "ab".repeat(32);
+        assert_eq!(
+            plan.images[0].reference,
+            format!("registry.farm.internal:5000/mirror/envoy:v1.30.1@sha256:{digest}")
+        );
+        assert_eq!(
+            plan.images[0].mirrored_from.as_deref(),
+            Some(format!("envoyproxy/envoy:v1.30.1@sha256:{digest}").as_str())
+        );
+        let plain = UpPlan::try_from(pinned_request("", false)).unwrap();
+        assert_eq!((plain.images[0].mirrored_from.as_ref(), plain.mirror_registry), (None, None));
+    }
+
+    #[test]
+    fn a_mirror_that_names_no_registry_is_refused_with_the_form_to_write() {
+        let err = UpPlan::try_from(pinned_request("mirror/upstream", false)).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("write host[:port][/prefix]"), "{}", err.message());
+    }
+
+    #[test]
+    fn mirror_only_needs_a_mirror_and_carries_pinned_images_alone() {
+        let err = UpPlan::try_from(pinned_request("", true)).unwrap_err();
+        assert!(err.message().contains("names no mirror_registry — add mirror_registry"), "{}", err.message());
+        let mut req = pinned_request("127.0.0.1:5000", true);
+        req.images.push(pb::ImageSpec {
+            name: "db".into(),
+            kind: pb::image_spec::Kind::Brought as i32,
+            reference: "postgres:16".into(),
+            ..Default::default()
+        });
+        let err = UpPlan::try_from(req).unwrap_err();
+        assert!(err.message().contains("\"db\": mirror_only carries pinned images only"), "{}", err.message());
+        assert!(UpPlan::try_from(pinned_request("127.0.0.1:5000", true)).unwrap().mirror_only);
     }
 }

@@ -229,6 +229,7 @@ pub async fn serve(
         config,
         running: Default::default(),
         metrics,
+        registries: Default::default(),
     });
     let _http = match engine.config.http {
         Some(addr) => {

@@ -7,13 +7,15 @@
 //! builds and pushes a converge really sent to Docker. [`Registry`] starts a registry on a free
 //! port and stops it by its PID; [`postgres::Postgres`] a throwaway PostgreSQL cluster the same way;
 //! [`browser::ChromeDriver`] headless Chromium's WebDriver, for the status page.
-//! [`otlp::Collector`] receives the spans of processes that trace.
+//! [`otlp::Collector`] receives the spans of processes that trace. [`oci::push_two_platform`]
+//! pushes a two-platform image straight into a registry, the upstream a pinned image comes from.
 
 pub mod browser;
 pub mod docker;
 pub mod fixture;
 pub mod http;
 pub mod kind;
+pub mod oci;
 pub mod otlp;
 pub mod postgres;
 pub mod process;

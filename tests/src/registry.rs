@@ -1,5 +1,6 @@
 //! A real registry (Debian's `docker-registry`, distribution 2.8) on a free loopback port, with a
-//! temp storage directory, stopped by its PID when dropped.
+//! temp storage directory, stopped by its PID when dropped. Its access log (one line per request,
+//! on its stdout) is kept in that directory, so a test can count the requests a converge made.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -27,10 +28,11 @@ impl Registry {
             ),
         )
         .unwrap();
+        let log = std::fs::File::create(dir.path().join("access.log")).unwrap();
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(&config)
-            .stdout(Stdio::null())
+            .stdout(log)
             .stderr(Stdio::null())
             .spawn()
             .expect("docker-registry must be installed (scripts/setup installs it)");
@@ -42,6 +44,21 @@ impl Registry {
             std::thread::sleep(Duration::from_millis(50));
         }
         panic!("registry at {} did not answer /v2/", registry.addr);
+    }
+
+    /// Every request the registry answered so far, as its access log says them: `HEAD /v2/…`.
+    /// Its log is written as each request ends, so a test reads it after its client is done.
+    pub fn requests(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self._dir.path().join("access.log")).unwrap_or_default();
+        // Combined log format: `… "METHOD /path HTTP/1.1" status …`.
+        log.lines().filter_map(|l| l.split('"').nth(1)).map(|r| r.trim_end_matches(" HTTP/1.1").to_string()).collect()
+    }
+
+    /// The file the registry keeps blob `digest` (`sha256:<hex>`) in — manifests are blobs too:
+    /// what a test changes to make the registry serve bytes other than the digest names.
+    pub fn blob_file(&self, digest: &str) -> std::path::PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self._dir.path().join(format!("data/docker/registry/v2/blobs/sha256/{}/{hex}/data", &hex[..2]))
     }
 
     /// A plain HTTP/1.0 GET: (status, body).

@@ -71,15 +71,17 @@ pub fn up_request(dir: &std::path::Path, force: bool) -> (pb::UpRequest, Context
         }
         kiln_core::manifest::Target::Local => pb::Target { kind: pb::target::Kind::Local as i32, ..Default::default() },
     };
+    let mirror_registry = manifest.mirror_registry.as_ref().map(ToString::to_string).unwrap_or_default();
     let req = pb::UpRequest {
         instance: manifest.instance.clone(),
-        target: Some(target),
+        target: Some(pb::Target { mirror_registry, ..target }),
         platforms: manifest.platforms.oci().split(',').map(str::to_string).collect(),
         images,
         force,
         requested_by: "e2e".to_string(),
         dry_run: false,
         team: manifest.team.clone().unwrap_or_default(),
+        mirror_only: false,
     };
     (req, contexts)
 }

@@ -79,8 +79,11 @@ pub fn line(event: &Event) -> String {
         store: &event.store,
         instance: &event.instance,
         reference: &event.reference,
-        count: matches!(event.kind, EventKind::Swept | EventKind::ContextsCollected | EventKind::Queued)
-            .then_some(event.count),
+        count: matches!(
+            event.kind,
+            EventKind::Swept | EventKind::ContextsCollected | EventKind::Queued | EventKind::Mirrored
+        )
+        .then_some(event.count),
         generation: (event.kind == EventKind::Finished && event.generation > 0).then_some(event.generation),
         reason: event.reason.as_ref(),
     };

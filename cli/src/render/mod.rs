@@ -123,6 +123,11 @@ pub fn status_text(event: &Event, names: &ContextNames) -> Option<String> {
         }
         EventKind::Delivered => paren("delivered"),
         EventKind::Note | EventKind::Queued | EventKind::Requeued => event.message.clone(),
+        EventKind::InMirror | EventKind::WouldMirror => event.message.clone(),
+        EventKind::Mirrored => match event.millis {
+            0 => format!("mirrored {} ({})", human_bytes(event.bytes), event.message),
+            ms => format!("mirrored {} in {} ({})", human_bytes(event.bytes), seconds(ms), event.message),
+        },
         EventKind::Failed => format!("failed: {}", event.message),
         EventKind::Finished => match (event.outcome, event.millis) {
             (Outcome::Succeeded, 0) => "converged".to_string(),

@@ -23,9 +23,24 @@ pub fn bar_text(event: &Event, names: &ContextNames) -> Option<String> {
     match event.kind {
         EventKind::BuildLog => Some(format!("building: {}", event.message)),
         EventKind::Progress if event.message.is_empty() => Some(format!("pushing {}", human_bytes(event.bytes))),
+        // A copy into the mirror tells its total (in `millis`): a bar, with bytes and percent.
+        EventKind::Progress if event.millis > 0 => Some(format!(
+            "{} {} {} / {} ({}%)",
+            event.message,
+            progress_bar(event.bytes, event.millis),
+            human_bytes(event.bytes),
+            human_bytes(event.millis),
+            event.bytes.saturating_mul(100) / event.millis
+        )),
         EventKind::Progress => Some(format!("{} {}", event.message, human_bytes(event.bytes))),
         _ => status_text(event, names),
     }
+}
+
+/// `[#####-----]`: `done` of `total` in 20 cells.
+fn progress_bar(done: u64, total: u64) -> String {
+    let cells = (done.min(total).saturating_mul(20) / total.max(1)) as usize;
+    format!("[{}{}]", "#".repeat(cells), "-".repeat(20 - cells))
 }
 
 pub struct Tty {
@@ -115,7 +130,9 @@ impl Render for Tty {
         }
         match bar_text(event, &self.names) {
             Some(text) => match event.kind {
-                EventKind::Recorded | EventKind::Delivered => self.settle(&event.image, text),
+                EventKind::Recorded | EventKind::Delivered | EventKind::Mirrored | EventKind::InMirror => {
+                    self.settle(&event.image, text)
+                }
                 EventKind::Failed => {
                     self.settle(&event.image, text);
                     for line in self.tails.report(&event.image) {
@@ -207,5 +224,19 @@ mod tests {
         assert_eq!(bar_text(&recorded, &names).as_deref(), Some("recorded (hello-web:17eb17246f39-amd64)"));
         let swept = Event::new(EventKind::Note, "", "swept 4 image(s) (2.1 GB)");
         assert_eq!(bar_text(&swept, &names), None, "converge-wide events print above the lines");
+    }
+
+    #[test]
+    fn a_copy_into_the_mirror_shows_a_bar_bytes_and_percent_then_what_it_moved() {
+        let names = ContextNames::new();
+        let copying =
+            Event { bytes: 50_000_000, millis: 200_000_000, ..Event::new(EventKind::Progress, "envoy", "copying") };
+        assert_eq!(
+            bar_text(&copying, &names).as_deref(),
+            Some("copying [#####---------------] 50.0 MB / 200.0 MB (25%)")
+        );
+        let words = "copied 4 blob(s) from up/envoy:v1@sha256:ab → mirror/envoy:v1@sha256:ab";
+        let mirrored = Event { bytes: 400_000_000, millis: 2_500, ..Event::new(EventKind::Mirrored, "envoy", words) };
+        assert_eq!(bar_text(&mirrored, &names), Some(format!("mirrored 400.0 MB in 2.5 s ({words})")));
     }
 }

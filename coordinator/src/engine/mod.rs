@@ -45,6 +45,9 @@ pub struct Engine {
     pub config: Config,
     pub running: running::Running,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The registry clients of the mirror, kept so that a converge asks a mirror one HEAD per
+    /// pinned image and no handshake.
+    pub registries: crate::mirror::Registries,
 }
 
 impl std::fmt::Debug for Engine {
@@ -128,6 +131,12 @@ impl Engine {
     /// Runs the converge `id` of `plan` to its end, reporting through `events`. A dry run decides
     /// and says what it would do, and changes nothing anywhere.
     pub async fn up(&self, id: &ConvergeId, plan: &UpPlan, events: &Events) -> Result<Converged, Failure> {
+        if plan.mirror_only {
+            // `kiln mirror`: the copy alone. The record is read only to say where it stands.
+            crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
+            let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
+            return Ok(Converged { generation: record.map_or(0, |r| r.generation.0), changed: false });
+        }
         if plan.platforms.len() > 1 {
             return Err(Failure::whole(format!(
                 "platforms {} need a multi-platform builder; Kiln's agents build one platform per image for now — list one platform",
@@ -151,6 +160,10 @@ impl Engine {
             let claiming = self.store.claim(id, &claims, now_ms() + lease);
             claiming.instrument(step("claim")).await.map_err(store_failure)?;
         }
+
+        // Pinned images reach their mirror before anything is built: a pin the mirror cannot get
+        // fails the converge early, and nothing is recorded that names a copy not made.
+        crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
 
         let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
         let target = plan.target.identity();
@@ -197,6 +210,11 @@ impl Engine {
             recorded.extend(running.instrument(step("images")).await?);
         }
 
+        // A dry run of brought and pinned images alone said all it had to above: it records
+        // nothing, least of all a mirrored ref whose copy it did not make.
+        if plan.dry_run {
+            return Ok(Converged { generation: record.as_ref().map_or(0, |r| r.generation.0), changed: false });
+        }
         // Keep the manifest's order in the record.
         let order: BTreeMap<&str, usize> =
             plan.images.iter().enumerate().map(|(i, im)| (im.name.as_str(), i)).collect();

@@ -73,9 +73,13 @@ fn text(event: &Event) -> String {
         EventKind::Finished { succeeded: true, generation: 0 } => "succeeded".to_string(),
         EventKind::Finished { succeeded: true, generation } => format!("succeeded: generation {generation}"),
         EventKind::Finished { succeeded: false, .. } => "failed".to_string(),
-        EventKind::Note | EventKind::Queued { .. } | EventKind::Requeued { .. } | EventKind::Unknown => {
-            message.to_string()
-        }
+        EventKind::Note
+        | EventKind::Queued { .. }
+        | EventKind::Requeued { .. }
+        | EventKind::Mirrored { .. }
+        | EventKind::InMirror { .. }
+        | EventKind::WouldMirror { .. }
+        | EventKind::Unknown => message.to_string(),
         EventKind::Planned { store, instance, reference, bytes: n } => {
             let frees = if *n == 0 { "untag only".to_string() } else { bytes(*n) };
             format!("would remove {reference} from {store} ({instance}, {frees})")

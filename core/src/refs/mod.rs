@@ -12,12 +12,14 @@
 //! content tag `<repo>:<address12>-<platforms>` built from it.
 
 pub mod address;
+pub mod mirror;
 pub mod platform;
 
 use std::fmt;
 use std::str::FromStr;
 
 pub use address::{content_ref, content_tag, image_address, AddressInputs, ContentTagError, ImageAddress};
+pub use mirror::mirrored;
 pub use platform::{Platform, PlatformError, PlatformSet};
 
 /// The registry a ref without a domain names.

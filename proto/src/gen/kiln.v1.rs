@@ -224,9 +224,15 @@ pub struct Target {
     pub registry: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
     pub cluster: ::prost::alloc::string::String,
-    /// NextId: 5
     #[prost(string, tag = "4")]
     pub namespace: ::prost::alloc::string::String,
+    /// host\[:port\]\[/prefix\]: the instance's pinned images are copied there (every platform, at the
+    /// same digest) and recorded and delivered by their mirrored refs. Empty: no mirror. An older
+    /// coordinator ignores it and records the upstream refs.
+    ///
+    /// NextId: 6
+    #[prost(string, tag = "5")]
+    pub mirror_registry: ::prost::alloc::string::String,
 }
 /// Nested message and enum types in `Target`.
 pub mod target {
@@ -399,10 +405,16 @@ pub struct UpRequest {
     pub dry_run: bool,
     /// The team that owns the instance (manifest `team = "…"`); empty: the user who first converged
     /// it owns it. `requested_by` is ignored by a coordinator that verifies callers.
-    ///
-    /// NextId: 9
     #[prost(string, tag = "8")]
     pub team: ::prost::alloc::string::String,
+    /// `kiln mirror`: copy the pinned images into `target.mirror_registry` and nothing else — no
+    /// claim, build, delivery, record or sweep; with `dry_run`, only say what would be copied. The
+    /// request carries only pinned images. An older coordinator ignores it and converges those
+    /// pinned images alone: it builds nothing, but records them under their upstream refs.
+    ///
+    /// NextId: 10
+    #[prost(bool, tag = "9")]
+    pub mirror_only: bool,
 }
 /// `kiln down`: delete the instance's record, then sweep. Its events are a converge of that instance.
 /// (Down and Gc were declared in the first release of kiln.v1 and answered UNIMPLEMENTED there.)
@@ -568,6 +580,14 @@ pub mod converge_event {
         Queued = 23,
         /// A build task given up on its agent (lost, stalled) and queued again: `store` names the agent.
         Requeued = 24,
+        /// A pinned image copied into the mirror at its pinned digest: `reference` is the mirrored ref,
+        /// `bytes` the blob bytes copied, `count` the blobs copied (mounted and present ones not
+        /// counted), `millis` how long it took. (Added with the mirror; an older CLI shows a note.)
+        Mirrored = 25,
+        /// A pinned image the mirror already holds at its digest (one manifest HEAD): nothing copied.
+        InMirror = 26,
+        /// A dry run's copy: `reference` would be copied from the upstream ref in `message`.
+        WouldMirror = 27,
     }
     impl Kind {
         /// String value of the enum field names used in the ProtoBuf definition.
@@ -601,6 +621,9 @@ pub mod converge_event {
                 Self::ContextsCollected => "KIND_CONTEXTS_COLLECTED",
                 Self::Queued => "KIND_QUEUED",
                 Self::Requeued => "KIND_REQUEUED",
+                Self::Mirrored => "KIND_MIRRORED",
+                Self::InMirror => "KIND_IN_MIRROR",
+                Self::WouldMirror => "KIND_WOULD_MIRROR",
             }
         }
         /// Creates an enum from field names used in the ProtoBuf definition.
@@ -631,6 +654,9 @@ pub mod converge_event {
                 "KIND_CONTEXTS_COLLECTED" => Some(Self::ContextsCollected),
                 "KIND_QUEUED" => Some(Self::Queued),
                 "KIND_REQUEUED" => Some(Self::Requeued),
+                "KIND_MIRRORED" => Some(Self::Mirrored),
+                "KIND_IN_MIRROR" => Some(Self::InMirror),
+                "KIND_WOULD_MIRROR" => Some(Self::WouldMirror),
                 _ => None,
             }
         }

@@ -400,10 +400,8 @@ mod tests {
         assert_eq!((found.id.as_str(), found.user), ("sha256:a", None));
     }
 
-    #[test]
-    fn each_task_goes_out_as_the_wire_kind_of_its_name() {
-        let store = StoreId("docker@a".into());
-        let build = BuildTask {
+    fn web_build() -> BuildTask {
+        BuildTask {
             tag: "web:1".into(),
             context: TreeDigest([7; 32]),
             dockerfile: "Dockerfile".into(),
@@ -412,7 +410,13 @@ mod tests {
             target_stage: String::new(),
             platform: "linux/amd64".into(),
             labels: BTreeMap::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn each_task_goes_out_as_the_wire_kind_of_its_name() {
+        let store = StoreId("docker@a".into());
+        let build = web_build();
         let tasks = [
             Task::Build(build),
             Task::Push { reference: "r".into() },
@@ -437,14 +441,9 @@ mod tests {
     #[test]
     fn a_build_carries_its_context_digest_and_args_onto_the_wire() {
         let build = BuildTask {
-            tag: "web:1".into(),
-            context: TreeDigest([7; 32]),
-            dockerfile: "Dockerfile".into(),
-            dockerfile_outside: Vec::new(),
-            args: BTreeMap::from([("V".into(), "1".into())]),
             target_stage: "app".into(),
-            platform: "linux/amd64".into(),
             labels: BTreeMap::from([("kiln.farm".into(), "f".into())]),
+            ..web_build()
         };
         let context = build.context.to_string();
         let pb::task::Kind::Build(wire) = Task::Build(build).into() else { panic!("a build goes out as a build") };

@@ -68,20 +68,7 @@ pub fn digest_tree(tree: &Tree) -> Result<TreeDigest, DigestError> {
 /// The tree digest of an entry list whose files carry their content hashes: no file is read.
 pub fn digest_entries(entries: &[Entry]) -> Result<TreeDigest, EntryListError> {
     let mut hasher = StreamHasher::new();
-    for e in entries {
-        hasher.check_order(&e.path)?;
-        match e.kind {
-            EntryKind::Dir => hasher.dir(&e.path),
-            EntryKind::Symlink => hasher.symlink(&e.path, &e.link_target),
-            EntryKind::File | EntryKind::ExecFile => {
-                let hash = e
-                    .hash
-                    .as_ref()
-                    .ok_or_else(|| EntryListError::Unhashed { path: String::from_utf8_lossy(&e.path).into_owned() })?;
-                hasher.file_hashed(&e.path, e.kind == EntryKind::ExecFile, e.size, hash);
-            }
-        }
-    }
+    feed_entries(&mut hasher, entries)?;
     Ok(hasher.finish())
 }
 
@@ -149,4 +136,22 @@ fn read_small(path: &Path, len: u64, buf: &mut Vec<u8>) -> io::Result<ContentHas
         )));
     }
     Ok(ContentHash::of(&buf[..want]))
+}
+
+/// Feeds an entry list (canonical order, files hashed) to `hasher`: the one walk over entries
+/// that both a digest and a kept list (`list::encode`) are made by.
+pub(super) fn feed_entries(hasher: &mut StreamHasher, entries: &[Entry]) -> Result<(), EntryListError> {
+    for e in entries {
+        hasher.check_order(&e.path)?;
+        match e.kind {
+            EntryKind::Dir => hasher.dir(&e.path),
+            EntryKind::Symlink => hasher.symlink(&e.path, &e.link_target),
+            EntryKind::File | EntryKind::ExecFile => {
+                let hash =
+                    e.hash.as_ref().ok_or_else(|| EntryListError::Unhashed { path: super::list::shown(&e.path) })?;
+                hasher.file_hashed(&e.path, e.kind == EntryKind::ExecFile, e.size, hash);
+            }
+        }
+    }
+    Ok(())
 }

@@ -11,17 +11,7 @@ use super::{ContentHash, Entry, EntryKind, EntryListError, StreamHasher, TreeDig
 /// The canonical stream of `entries` (which must be in canonical order, files hashed).
 pub fn encode(entries: &[Entry]) -> Result<Vec<u8>, EntryListError> {
     let mut hasher = StreamHasher::recording(usize::MAX);
-    for e in entries {
-        hasher.check_order(&e.path)?;
-        match e.kind {
-            EntryKind::Dir => hasher.dir(&e.path),
-            EntryKind::Symlink => hasher.symlink(&e.path, &e.link_target),
-            EntryKind::File | EntryKind::ExecFile => {
-                let hash = e.hash.as_ref().ok_or_else(|| EntryListError::Unhashed { path: shown(&e.path) })?;
-                hasher.file_hashed(&e.path, e.kind == EntryKind::ExecFile, e.size, hash);
-            }
-        }
-    }
+    super::feed::feed_entries(&mut hasher, entries)?;
     Ok(hasher.finish_recorded().1.unwrap_or_default())
 }
 

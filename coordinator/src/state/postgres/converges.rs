@@ -77,6 +77,48 @@ pub(super) async fn append_event(
     insert_event(tx, now_ms, id, seq, kind, image, message, what).await
 }
 
+/// Appends `events` in order in one round of statements: the seqs are taken in one bump of
+/// `last_seq` and the rows go in one `INSERT`, so a burst costs what one event costs.
+pub(super) async fn append_events(
+    tx: &Transaction<'_>,
+    now_ms: u64,
+    id: &ConvergeId,
+    events: Vec<(EventKind, Option<String>, String)>,
+    what: &str,
+) -> Result<Vec<Event>, StateError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let count = events.len() as u64;
+    let row = query_opt(
+        tx,
+        "UPDATE converges SET last_seq = last_seq + $2 WHERE id = $1 RETURNING last_seq",
+        &[&id.as_str(), &int(count)],
+    )
+    .await
+    .ctx(what)?;
+    let last = row.map(|row| uint(row.get(0))).ok_or_else(|| StateError::UnknownConverge { id: id.clone() })?;
+    let first = last + 1 - count;
+    let seqs: Vec<i64> = (first..=last).map(int).collect();
+    let kinds = events.iter().map(|(kind, _, _)| to_json(kind, what)).collect::<Result<Vec<String>, _>>()?;
+    let images: Vec<Option<&str>> = events.iter().map(|(_, image, _)| image.as_deref()).collect();
+    let messages: Vec<&str> = events.iter().map(|(_, _, message)| message.as_str()).collect();
+    execute(
+        tx,
+        "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) \
+         SELECT $1, e.seq, $3, e.image, e.kind::jsonb, e.message \
+         FROM UNNEST($2::bigint[], $4::text[], $5::text[], $6::text[]) AS e(seq, image, kind, message)",
+        &[&id.as_str(), &seqs, &int(now_ms), &images, &kinds, &messages],
+    )
+    .await
+    .ctx(what)?;
+    Ok(events
+        .into_iter()
+        .zip(first..)
+        .map(|((kind, image, message), seq)| Event { seq, at_ms: now_ms, image, kind, message })
+        .collect())
+}
+
 pub(super) async fn events<C: GenericClient>(
     c: &C,
     id: &ConvergeId,

@@ -346,6 +346,19 @@ impl StateStore for PostgresStore {
         Ok(event)
     }
 
+    async fn append_events(
+        &self,
+        converge: &ConvergeId,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Vec<Event>, StateError> {
+        let what = format!("appending events to converge {converge}");
+        let mut client = self.client(&what).await?;
+        let tx = self.write(&mut client, &what).await?;
+        let appended = converges::append_events(&tx, self.now_ms(), converge, events, &what).await?;
+        tx.commit().await.ctx(&what)?;
+        Ok(appended)
+    }
+
     async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StateError> {
         let what = format!("reading the events of converge {converge}");
         converges::events(&self.client(&what).await?, converge, after_seq, &what).await

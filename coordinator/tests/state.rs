@@ -764,6 +764,50 @@ async fn a_lone_coordinator_leads_writes_renews_and_resigns(backend: Backend) {
     assert_eq!(store.current_leader().await.unwrap(), None, "a resigned lease is free");
 }
 
+/// A write whose caller went away mid-transaction (here: a timeout while it waits on a row lock)
+/// must never land, and the connection it held, still in that transaction, must not serve the
+/// next call — whose `COMMIT` would otherwise commit the abandoned write with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_write_abandoned_mid_transaction_never_lands_and_its_connection_is_not_reused() {
+    let backend = Backend::postgres().await;
+    let Backend::Postgres { db } = &backend else { unreachable!() };
+    let store = backend.open(&clock()).await;
+    let first = store.write_record("shop", None, vec![built("api", "reg/api:1")]).await.unwrap();
+    let second = store.write_record("shop", Some(first), vec![built("api", "reg/api:2")]).await.unwrap();
+
+    // Another session holds generation 1's row, which the next write prunes last: that write
+    // waits inside its transaction having already inserted generation 3.
+    let holder = raw_postgres(db).await;
+    holder
+        .batch_execute("BEGIN; SELECT * FROM records WHERE instance = 'shop' AND generation = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let abandoned = store.write_record("shop", Some(second), vec![built("api", "reg/api:3")]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), abandoned).await.is_err(),
+        "the write waits on the held row"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    // Later writes, one at a time, take whatever connection the pool has.
+    let converge = store.open_converge("other", "ana").await.unwrap();
+    for i in 0..8 {
+        store.append_event(&converge.id, EventKind::Note, None, &format!("after {i}")).await.unwrap();
+    }
+    store.finish_converge(&converge.id, ConvergeState::Succeeded).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let record = store.record("shop").await.unwrap().expect("the second record stands");
+    assert_eq!(record.generation, second, "the abandoned write never landed");
+    assert_eq!(record.images, vec![built("api", "reg/api:2")]);
+    assert_eq!(
+        backend.count("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'").await,
+        0,
+        "no connection is left in a transaction"
+    );
+    assert_eq!(store.events(&converge.id, None).await.unwrap().len(), 8);
+}
+
 /// SQLite serves one embedded coordinator: whoever asks leads, and nothing is fenced.
 #[tokio::test]
 async fn leadership_is_always_held_on_sqlite() {

@@ -274,6 +274,7 @@ impl Farm {
             metrics: self.agent_metrics,
             health: None,
             drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: Default::default(),
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -291,6 +292,18 @@ impl Farm {
     /// Starts a node agent `agent_id` of `cluster` serving `store` (the real `run_node_with`) and
     /// waits until the coordinator lists it as connected.
     pub async fn start_node(&mut self, cluster: &str, agent_id: &str, store: Arc<dyn kiln_agent::node::NodeStore>) {
+        self.start_node_on(cluster, agent_id, store, &[]).await
+    }
+
+    /// [`Farm::start_node`] for a node agent announcing `platforms` (OCI form; empty: this
+    /// machine's), as `kiln-agent --platform` would on a node of another architecture.
+    pub async fn start_node_on(
+        &mut self,
+        cluster: &str,
+        agent_id: &str,
+        store: Arc<dyn kiln_agent::node::NodeStore>,
+        platforms: &[&str],
+    ) {
         let config = kiln_agent::AgentConfig {
             slots: 0,
             coordinator: self.url.clone(),
@@ -301,6 +314,10 @@ impl Farm {
             metrics: None,
             health: None,
             drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: kiln_agent::Platforms {
+                native: platforms.iter().map(|p| p.to_string()).collect(),
+                binfmt_root: None,
+            },
         };
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

@@ -1158,10 +1158,16 @@ pub struct Hello {
     pub cluster: ::prost::alloc::string::String,
     /// Builds this agent runs at once (`kiln-agent --slots N`, default its cores); 0 from an older
     /// agent counts as 1. The coordinator never gives it more.
-    ///
-    /// NextId: 8
     #[prost(uint32, tag = "7")]
     pub slots: u32,
+    /// Platforms this agent runs through emulation (binfmt_misc handlers it found registered), e.g.
+    /// `linux/arm64` on an amd64 host with qemu-user-static: a build with RUN steps for one of them
+    /// may be placed here when no agent builds it natively. An older agent sends none: it emulates
+    /// nothing as far as the coordinator knows, which only narrows placement.
+    ///
+    /// NextId: 9
+    #[prost(string, repeated, tag = "8")]
+    pub emulates: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

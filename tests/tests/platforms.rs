@@ -1,0 +1,100 @@
+//! Multi-platform images (issue 11) against the real Docker daemon, a real registry and one real
+//! containerd per simulated node: one task per platform, the index under the content tag, each
+//! node its own platform, and the emulation preflight.
+//!
+//! This machine is amd64 with no binfmt_misc handlers: an arm64 image builds here only because its
+//! Dockerfile runs nothing (`FROM scratch` + `COPY`), which BuildKit builds for any platform.
+
+#[path = "../../builder-agent/tests/support_node/mod.rs"]
+mod support_node;
+
+use kiln_e2e::fixture::{reference, unique, write};
+use kiln_e2e::wire::{images_with, succeeded, up};
+use kiln_e2e::{docker, Farm, Registry};
+use kiln_proto::v1 as pb;
+use kiln_proto::v1::converge_event::Kind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use support_node::Containerd;
+
+const LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+const ACCEPT_ANY: &str = "application/vnd.docker.distribution.manifest.list.v2+json, \
+     application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.v2+json, \
+     application/vnd.oci.image.manifest.v1+json";
+
+/// An instance of one image `app` for `platforms`, delivered to `target` (a `[target]` body).
+fn instance(into: &Path, name: &str, platforms: &[&str], target: &str, dockerfile: &str) -> PathBuf {
+    let dir = into.join(name);
+    let list = platforms.iter().map(|p| format!("\"{p}\"")).collect::<Vec<_>>().join(", ");
+    write(
+        &dir,
+        "kiln.toml",
+        &format!("instance = \"{name}\"\nplatforms = [{list}]\n\n[target]\n{target}\n\n[built.app]\ncontext = \"app\"\n"),
+    );
+    write(&dir, "app/Dockerfile", dockerfile);
+    write(&dir, "app/hello.txt", &format!("{}\n", unique("hello")));
+    dir
+}
+
+const COPY_ONLY: &str = "FROM scratch\nCOPY hello.txt /hello.txt\n";
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+fn failure(events: &[pb::ConvergeEvent]) -> String {
+    events.iter().filter(|e| e.kind() == Kind::Failed).map(|e| e.message.clone()).collect::<Vec<_>>().join("\n")
+}
+
+/// `(repository, tag)` of a ref on `registry`.
+fn repo_and_tag<'a>(reference: &'a str, registry: &str) -> (&'a str, &'a str) {
+    reference.trim_start_matches(&format!("{registry}/")).rsplit_once(':').unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_platforms_become_one_index_in_the_registry_and_a_second_converge_moves_nothing() {
+    let registry = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("kind = \"registry\"\nregistry = \"{}\"", registry.addr);
+    let dir = instance(tmp.path(), &unique("multi"), &["linux/amd64", "linux/arm64"], &target, COPY_ONLY);
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(farm.builds(), 2, "one build per platform");
+    assert_eq!(farm.pushes(), 2, "one push per platform's image");
+
+    let app = reference(&dir, "app");
+    assert!(app.ends_with("-amd64.arm64"), "{app}");
+    let (repo, tag) = repo_and_tag(&app, &registry.addr);
+    let (status, body) = registry.get_with(&format!("/v2/{repo}/manifests/{tag}"), &[("Accept", ACCEPT_ANY)]).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let index = json(&body);
+    assert_eq!(index["mediaType"], LIST, "{body}");
+    let manifests = index["manifests"].as_array().unwrap();
+    let archs: Vec<&str> = manifests.iter().map(|m| m["platform"]["architecture"].as_str().unwrap()).collect();
+    assert_eq!(archs, vec!["amd64", "arm64"]);
+    for m in manifests {
+        let digest = m["digest"].as_str().unwrap();
+        let (status, body) =
+            registry.get_with(&format!("/v2/{repo}/manifests/{digest}"), &[("Accept", ACCEPT_ANY)]).unwrap();
+        assert_eq!(status, 200, "{body}");
+        let config = json(&body)["config"]["digest"].as_str().unwrap().to_string();
+        let (status, body) = registry.get(&format!("/v2/{repo}/blobs/{config}")).unwrap();
+        assert_eq!(status, 200);
+        let config = json(&body);
+        assert_eq!(config["architecture"], m["platform"]["architecture"], "each manifest's config says its platform");
+        assert_eq!(config["os"], "linux");
+        assert_eq!(config["config"]["Labels"]["kiln.dev/farm"], farm.farm_id.as_str(), "every platform is labeled");
+    }
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(images_with(&events, Kind::Recorded), vec!["app"], "{events:#?}");
+    assert_eq!(farm.builds(), 2, "a second converge builds nothing");
+    assert_eq!(farm.pushes(), 2, "a second converge pushes nothing");
+    farm.stop().await;
+    for token in ["amd64", "arm64"] {
+        docker::remove(&format!("{app}-{token}"));
+    }
+}

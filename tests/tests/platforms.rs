@@ -8,6 +8,7 @@
 #[path = "../../builder-agent/tests/support_node/mod.rs"]
 mod support_node;
 
+use kiln_agent::node::NodeStore;
 use kiln_e2e::fixture::{reference, unique, write};
 use kiln_e2e::wire::{images_with, succeeded, up};
 use kiln_e2e::{docker, Farm, Registry};
@@ -97,4 +98,102 @@ async fn two_platforms_become_one_index_in_the_registry_and_a_second_converge_mo
     for token in ["amd64", "arm64"] {
         docker::remove(&format!("{app}-{token}"));
     }
+}
+
+async fn holds(node: &Containerd, reference: &str, id: &str) -> bool {
+    node.store().await.holds(reference, id).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_imports_its_own_platform_under_the_multi_platform_ref() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let cluster = unique("mp");
+    let (amd, arm) = (Containerd::start().await, Containerd::start().await);
+    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
+    farm.start_node_on(&cluster, &format!("{cluster}-arm"), Arc::new(arm.store().await), &["linux/arm64"]).await;
+    let target = format!("kind = \"nodes\"\ncluster = \"{cluster}\"");
+    let dir = instance(tmp.path(), &unique("mpnodes"), &["linux/amd64", "linux/arm64"], &target, COPY_ONLY);
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let app = reference(&dir, "app");
+    let (amd_ref, arm_ref) = (format!("{app}-amd64"), format!("{app}-arm64"));
+    assert_eq!(docker::platform(&amd_ref).as_deref(), Some("linux/amd64"));
+    assert_eq!(docker::platform(&arm_ref).as_deref(), Some("linux/arm64"));
+    // An image id is the digest of its config, which names its platform: a node holding the
+    // arm64 config's id under the content ref holds the arm64 image.
+    let (amd_id, arm_id) = (docker::image_id(&amd_ref).unwrap(), docker::image_id(&arm_ref).unwrap());
+    assert_ne!(amd_id, arm_id);
+    assert!(holds(&amd, &app, &amd_id).await, "the amd64 node holds the amd64 image under {app}");
+    assert!(holds(&arm, &app, &arm_id).await, "the arm64 node holds the arm64 image under {app}");
+    assert!(!holds(&amd, &app, &arm_id).await && !holds(&arm, &app, &amd_id).await);
+    assert_eq!(farm.exports(), 2, "one export per platform");
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(farm.builds(), 2, "a second converge builds nothing");
+    assert_eq!(farm.exports(), 2, "nodes holding their platform's image take nothing");
+    farm.stop().await;
+    docker::remove(&amd_ref);
+    docker::remove(&arm_ref);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_a_platform_outside_the_set_fails_the_converge_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let cluster = unique("rv");
+    let (amd, riscv) = (Containerd::start().await, Containerd::start().await);
+    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
+    let odd = format!("{cluster}-riscv");
+    farm.start_node_on(&cluster, &odd, Arc::new(riscv.store().await), &["linux/riscv64"]).await;
+    let target = format!("kind = \"nodes\"\ncluster = \"{cluster}\"");
+    let dir = instance(tmp.path(), &unique("rvnodes"), &["linux/amd64", "linux/arm64"], &target, COPY_ONLY);
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(!succeeded(&events), "{events:#?}");
+    let why = failure(&events);
+    assert!(why.contains(&format!("node {odd}")) && why.contains("linux/riscv64"), "{why}");
+    assert_eq!(farm.builds(), 0, "refused before anything was built");
+    farm.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_step_for_a_platform_nobody_runs_fails_before_any_build_naming_the_fix() {
+    let registry = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("kind = \"registry\"\nregistry = \"{}\"", registry.addr);
+    let runs = "FROM scratch\nCOPY hello.txt /hello.txt\nRUN [\"/hello.txt\"]\n";
+    let dir = instance(tmp.path(), &unique("emu"), &["linux/amd64", "linux/arm64"], &target, runs);
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    // A handler for another architecture only: arm64 stays unrunnable here.
+    std::fs::create_dir_all(farm.binfmt_root()).unwrap();
+    std::fs::write(farm.binfmt_root().join("status"), "enabled\n").unwrap();
+    std::fs::write(farm.binfmt_root().join("qemu-riscv64"), "enabled\ninterpreter /usr/bin/qemu-riscv64-static\n")
+        .unwrap();
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(!succeeded(&events), "{events:#?}");
+    let why = failure(&events);
+    assert!(why.contains("platform linux/arm64"), "{why}");
+    assert!(
+        why.contains("install qemu-user-static and register binfmt handlers, or add an arm64 build host"),
+        "{why}"
+    );
+    assert_eq!(farm.builds(), 0, "nothing was built");
+    farm.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_target_refuses_several_platforms_before_anything_is_built() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = instance(tmp.path(), &unique("mplocal"), &["linux/amd64", "linux/arm64"], "kind = \"local\"", COPY_ONLY);
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let events = up(&farm.url, &dir, false).await;
+    assert!(!succeeded(&events), "{events:#?}");
+    let why = failure(&events);
+    assert!(why.contains("target local") && why.contains("a Docker daemon runs one platform"), "{why}");
+    assert_eq!(farm.builds(), 0);
+    farm.stop().await;
 }

@@ -197,3 +197,91 @@ async fn a_local_target_refuses_several_platforms_before_anything_is_built() {
     assert_eq!(farm.builds(), 0);
     farm.stop().await;
 }
+
+/// The refs `kiln refs` prints and `kiln up` sends for the instance folder `dir`: both ask the
+/// coordinator for a cluster's set (`kiln::platforms::from_cluster`), then address alike.
+async fn cli_refs(url: &str, dir: &Path) -> Vec<String> {
+    let link = kiln::connect::dial(url, std::time::Duration::from_secs(10)).await.unwrap();
+    let manifest = kiln_core::manifest::Manifest::load(dir).unwrap();
+    let manifest = kiln::platforms::from_cluster(&link, manifest).await.unwrap();
+    let plan = kiln::request::plan_up(&manifest, false, "test", None).unwrap();
+    plan.request.images.iter().map(|i| i.reference.clone()).collect()
+}
+
+async fn cli_up(url: &str, dir: &Path) -> kiln::UpOutcome {
+    let args = kiln::UpArgs {
+        dir: dir.to_path_buf(),
+        force: false,
+        dry_run: false,
+        connect: kiln::Connect::remote(url),
+        output: kiln::OutputMode::Quiet,
+    };
+    kiln::up_with(&args, &mut kiln::render::Quiet).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn platforms_from_the_cluster_follow_its_nodes_and_refs_and_up_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let cluster = unique("cl");
+    let (amd, arm) = (Containerd::start().await, Containerd::start().await);
+    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
+    let dir = tmp.path().join("cluster-set");
+    let name = unique("clset");
+    write(
+        &dir,
+        "kiln.toml",
+        &format!(
+            "instance = \"{name}\"\nplatforms = \"cluster\"\n\n[target]\nkind = \"nodes\"\ncluster = \"{cluster}\"\n\n\
+             [built.app]\ncontext = \"app\"\n"
+        ),
+    );
+    write(&dir, "app/Dockerfile", COPY_ONLY);
+    write(&dir, "app/hello.txt", &format!("{}\n", unique("hello")));
+
+    // One amd64 node: a one-platform tag, converged by the CLI under the ref `kiln refs` names.
+    let first = cli_refs(&farm.url, &dir).await;
+    assert!(first[0].ends_with("-amd64"), "{first:?}");
+    let outcome = cli_up(&farm.url, &dir).await;
+    assert_eq!(outcome.outcome, kiln::Outcome::Succeeded, "{:?}", outcome.failure);
+    let id = docker::image_id(&first[0]).unwrap();
+    assert!(holds(&amd, &first[0], &id).await);
+
+    // An arm64 node joins: the set, and with it the address, moves; the converge says so.
+    farm.start_node_on(&cluster, &format!("{cluster}-arm"), Arc::new(arm.store().await), &["linux/arm64"]).await;
+    let second = cli_refs(&farm.url, &dir).await;
+    assert!(second[0].ends_with("-amd64.arm64"), "{second:?}");
+    let outcome = cli_up(&farm.url, &dir).await;
+    assert_eq!(outcome.outcome, kiln::Outcome::Succeeded, "{:?}", outcome.failure);
+    assert!(
+        outcome.events.iter().any(|e| e.message.contains("platforms changed: +arm64")),
+        "{:#?}",
+        outcome.events
+    );
+    let arm_id = docker::image_id(&format!("{}-arm64", second[0])).unwrap();
+    assert!(holds(&arm, &second[0], &arm_id).await, "the arm64 node holds its image under the new ref");
+    farm.stop().await;
+    docker::remove(&first[0]);
+    for token in ["amd64", "arm64"] {
+        docker::remove(&format!("{}-{token}", second[0]));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn platforms_named_cluster_with_no_node_known_fails_naming_the_cluster() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let dir = tmp.path().join("empty-cluster");
+    write(
+        &dir,
+        "kiln.toml",
+        "instance = \"nowhere\"\nplatforms = \"cluster\"\n\n[target]\nkind = \"nodes\"\ncluster = \"ghost\"\n\n\
+         [built.app]\ncontext = \"app\"\n",
+    );
+    write(&dir, "app/Dockerfile", COPY_ONLY);
+    let link = kiln::connect::dial(&farm.url, std::time::Duration::from_secs(10)).await.unwrap();
+    let manifest = kiln_core::manifest::Manifest::load(&dir).unwrap();
+    let err = kiln::platforms::from_cluster(&link, manifest).await.unwrap_err().to_string();
+    assert!(err.contains("nodes cluster ghost") && err.contains("--cluster ghost"), "{err}");
+    farm.stop().await;
+}

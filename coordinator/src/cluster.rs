@@ -14,8 +14,8 @@ use kiln_proto::v1 as pb;
 use crate::engine::Engine;
 use crate::model::AgentRole;
 
-/// How long an ask waits for a first agent when none is connected (an embedded coordinator whose
-/// agent is still saying hello).
+/// How long an ask about a kind cluster waits for a first agent when none is connected (an
+/// embedded coordinator whose agent is still saying hello).
 const FIRST_AGENT_WAIT: Duration = Duration::from_secs(5);
 
 /// Why the set could not be read.
@@ -41,8 +41,10 @@ pub async fn platforms(engine: &Engine, kind: &str, cluster: &str) -> Result<pb:
     if kind != "nodes" && kind != "kind" {
         return Err(ClusterError::NoCluster { kind: kind.to_string() });
     }
+    // Only a kind cluster's set is read off a host agent, which an embedded `kiln` starts beside
+    // its coordinator; node agents are elsewhere, and waiting for them would only delay.
     let deadline = Instant::now() + FIRST_AGENT_WAIT;
-    while engine.hub.connected().is_empty() && Instant::now() < deadline {
+    while kind == "kind" && engine.hub.connected().is_empty() && Instant::now() < deadline {
         engine.hub.changed(deadline - Instant::now()).await;
     }
     let mut found: BTreeSet<(String, String)> = BTreeSet::new();

@@ -27,5 +27,6 @@ mod tasks;
 
 pub use health::READY_SERVICE;
 pub use runner::{
-    coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, Platforms, RunError, DRAIN_GRACE,
+    coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, Platforms, RunError,
+    DRAIN_GRACE,
 };

@@ -38,8 +38,7 @@ pub async fn from_cluster(link: &Link, manifest: Manifest) -> Result<Manifest, C
             false => Ok(manifest),
         };
     }
-    let set = PlatformSet::parse(reply.platforms.iter().map(String::as_str)).map_err(|err| {
-        CliError::BadClusterPlatforms { cluster: cluster.clone(), why: kiln_core::error_chain(&err) }
-    })?;
+    let set = PlatformSet::parse(reply.platforms.iter().map(String::as_str))
+        .map_err(|err| CliError::BadClusterPlatforms { cluster: cluster.clone(), why: kiln_core::error_chain(&err) })?;
     Ok(manifest.with_cluster_platforms(set))
 }

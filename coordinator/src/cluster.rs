@@ -53,9 +53,10 @@ pub async fn platforms(engine: &Engine, kind: &str, cluster: &str) -> Result<pb:
             "nodes" => agent.role == AgentRole::Node && agent.cluster == cluster,
             _ => {
                 agent.is_host()
-                    && agent.stores().iter().any(|s| {
-                        s.kind == pb::store_info::Kind::Node as i32 && s.cluster == cluster
-                    })
+                    && agent
+                        .stores()
+                        .iter()
+                        .any(|s| s.kind == pb::store_info::Kind::Node as i32 && s.cluster == cluster)
             }
         };
         if runs_it {

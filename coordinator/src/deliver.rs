@@ -105,7 +105,7 @@ pub(crate) async fn deliver_to(
     let id = host_image_id(host, converge, source).await?;
 
     // Ask first: a cluster that holds the image already costs one small task per node, no export.
-    let answers = on_nodes(&nodes, converge, reference, &id, None).await;
+    let answers = on_nodes(nodes, converge, reference, &id, None).await;
     let mut done = NodesDelivered::default();
     let mut lacking = Vec::new();
     let mut failures = Vec::new();

@@ -30,7 +30,9 @@ fn instance(into: &Path, name: &str, platforms: &[&str], target: &str, dockerfil
     write(
         &dir,
         "kiln.toml",
-        &format!("instance = \"{name}\"\nplatforms = [{list}]\n\n[target]\n{target}\n\n[built.app]\ncontext = \"app\"\n"),
+        &format!(
+            "instance = \"{name}\"\nplatforms = [{list}]\n\n[target]\n{target}\n\n[built.app]\ncontext = \"app\"\n"
+        ),
     );
     write(&dir, "app/Dockerfile", dockerfile);
     write(&dir, "app/hello.txt", &format!("{}\n", unique("hello")));
@@ -177,10 +179,7 @@ async fn a_run_step_for_a_platform_nobody_runs_fails_before_any_build_naming_the
     assert!(!succeeded(&events), "{events:#?}");
     let why = failure(&events);
     assert!(why.contains("platform linux/arm64"), "{why}");
-    assert!(
-        why.contains("install qemu-user-static and register binfmt handlers, or add an arm64 build host"),
-        "{why}"
-    );
+    assert!(why.contains("install qemu-user-static and register binfmt handlers, or add an arm64 build host"), "{why}");
     assert_eq!(farm.builds(), 0, "nothing was built");
     farm.stop().await;
 }
@@ -253,11 +252,7 @@ async fn platforms_from_the_cluster_follow_its_nodes_and_refs_and_up_agree() {
     assert!(second[0].ends_with("-amd64.arm64"), "{second:?}");
     let outcome = cli_up(&farm.url, &dir).await;
     assert_eq!(outcome.outcome, kiln::Outcome::Succeeded, "{:?}", outcome.failure);
-    assert!(
-        outcome.events.iter().any(|e| e.message.contains("platforms changed: +arm64")),
-        "{:#?}",
-        outcome.events
-    );
+    assert!(outcome.events.iter().any(|e| e.message.contains("platforms changed: +arm64")), "{:#?}", outcome.events);
     let arm_id = docker::image_id(&format!("{}-arm64", second[0])).unwrap();
     assert!(holds(&arm, &second[0], &arm_id).await, "the arm64 node holds its image under the new ref");
     farm.stop().await;

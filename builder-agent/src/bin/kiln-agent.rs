@@ -127,7 +127,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         metrics: args.metrics,
         health: args.health,
         drain_grace: args.drain_grace,
-        platforms: kiln_agent::Platforms { native: native_platforms(&args.platforms)?, binfmt_root: Some(args.binfmt_root) },
+        platforms: kiln_agent::Platforms {
+            native: native_platforms(&args.platforms)?,
+            binfmt_root: Some(args.binfmt_root),
+        },
     };
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");

@@ -416,8 +416,7 @@ impl Engine {
                 Ok(Vec::new())
             }
             Target::Nodes { cluster } if d.index.is_some() => {
-                let content = d.index.unwrap_or_default();
-                let done = self.platform_to_nodes(host, id, cluster, d, content, narrate, events).await?;
+                let done = self.platform_to_nodes(host, id, cluster, d, narrate, events).await?;
                 self.metrics.delivered(plan.target.identity(), done.bytes);
                 Ok(done.imported)
             }

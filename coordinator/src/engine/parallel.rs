@@ -54,6 +54,7 @@ impl Graph {
 
 impl Engine {
     /// Runs every decision to its record entry, in parallel; entries come back in decision order.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run_all(
         &self,
         home: &Arc<AgentConn>,

@@ -78,7 +78,11 @@ impl Engine {
     /// How each platform of each image to be built or delivered may be built, from the host
     /// agents connected now: the emulation preflight. Fails on the first image with a platform
     /// nobody can build, naming the platform and the fix, before any build starts.
-    pub(super) async fn place_platforms(&self, plan: &UpPlan, decisions: &[Decision<'_>]) -> Result<Placements, Failure> {
+    pub(super) async fn place_platforms(
+        &self,
+        plan: &UpPlan,
+        decisions: &[Decision<'_>],
+    ) -> Result<Placements, Failure> {
         let hosts: Vec<Arc<AgentConn>> = self.hub.connected().into_iter().filter(|a| a.is_host()).collect();
         let mut placements = Placements::new();
         for d in decisions.iter().filter(|d| d.action != Action::Skip) {
@@ -260,10 +264,10 @@ impl Engine {
         id: &ConvergeId,
         cluster: &str,
         d: &Decision<'_>,
-        content: &str,
         narrate: bool,
         events: &Events,
     ) -> Result<NodesDelivered, DeliverError> {
+        let content = d.index.unwrap_or(&d.image.reference);
         let all = deliver::cluster_nodes(&self.hub, cluster);
         if all.is_empty() {
             return Err(deliver::no_nodes(cluster));

@@ -52,7 +52,11 @@ pub enum IndexError {
 }
 
 /// Puts the index of `parts` under `content` (a ref with a tag), after checking each part.
-pub async fn assemble(client: &Client, content: &kiln_core::refs::ImageRef, parts: &[Part]) -> Result<Assembled, IndexError> {
+pub async fn assemble(
+    client: &Client,
+    content: &kiln_core::refs::ImageRef,
+    parts: &[Part],
+) -> Result<Assembled, IndexError> {
     let place = Place::of(content);
     let mut entries = Vec::new();
     let mut manifests = Vec::new();
@@ -95,9 +99,10 @@ pub async fn assemble(client: &Client, content: &kiln_core::refs::ImageRef, part
         err,
     })?;
     // The registry must now answer the index's digest for the content tag.
-    let got = client.fetch_manifest_digest(&target, &RegistryAuth::Anonymous).await.map_err(|err| {
-        CopyError::Registry { what: "HEAD index", reference: target.whole(), err }
-    })?;
+    let got = client
+        .fetch_manifest_digest(&target, &RegistryAuth::Anonymous)
+        .await
+        .map_err(|err| CopyError::Registry { what: "HEAD index", reference: target.whole(), err })?;
     if got != digest {
         return Err(CopyError::DigestDiffers { at: target.whole(), digest, got }.into());
     }
@@ -132,10 +137,11 @@ async fn config_platform(
 ) -> Result<(String, String), CopyError> {
     let at = place.at(config);
     let mut bytes = Vec::new();
-    client
-        .pull_blob(&at, config, &mut bytes)
-        .await
-        .map_err(|err| CopyError::Registry { what: "pull config", reference: at.whole(), err })?;
+    client.pull_blob(&at, config, &mut bytes).await.map_err(|err| CopyError::Registry {
+        what: "pull config",
+        reference: at.whole(),
+        err,
+    })?;
     let unreadable = |why: String| CopyError::Unreadable { reference: reference.to_string(), why };
     let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| unreadable(format!("config: {e}")))?;
     let field = |key: &str| json.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_string();

@@ -14,8 +14,8 @@
 
 mod placement;
 
-pub use placement::{Needs, Via};
 use placement::{Candidate, Choice};
+pub use placement::{Needs, Via};
 
 use crate::hub::{AgentConn, HeldRef};
 use std::collections::{BTreeMap, HashMap, VecDeque};

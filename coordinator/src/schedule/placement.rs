@@ -167,7 +167,8 @@ mod tests {
             Candidate { id: "amd", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
             Candidate { id: "lost", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
         ];
-        let needs = Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()], ..Needs::default() };
+        let needs =
+            Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()], ..Needs::default() };
         assert_eq!(choose(&agents, &needs, Duration::ZERO, WAIT, 0), Choice::On(2));
         let pinned = Needs { required: Some("amd".into()), ..Needs::default() };
         assert_eq!(choose(&agents, &pinned, WAIT, WAIT, 0), Choice::On(1));

@@ -37,7 +37,9 @@ pub(super) fn gather(
         record
             .images
             .iter()
-            .flat_map(|image| std::iter::once(image.reference.clone()).chain(kiln_core::refs::platform_refs(&image.reference)))
+            .flat_map(|image| {
+                std::iter::once(image.reference.clone()).chain(kiln_core::refs::platform_refs(&image.reference))
+            })
             .collect::<Vec<_>>()
     };
     let hosts_run_workloads =

@@ -93,7 +93,8 @@ pub(super) fn parse(text: &str) -> Result<RawManifest, (Option<Range<usize>>, Bo
     };
     let mut document = DeTable::parse(text).map_err(toml_error)?;
     check_keys(document.get_ref())?;
-    let named = document.get_ref().get("platforms").and_then(|v| v.get_ref().as_str().map(|s| (s.to_string(), v.span())));
+    let named =
+        document.get_ref().get("platforms").and_then(|v| v.get_ref().as_str().map(|s| (s.to_string(), v.span())));
     let mut from_cluster = None;
     if let Some((name, span)) = named {
         if name != "cluster" {

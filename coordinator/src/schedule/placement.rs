@@ -175,4 +175,19 @@ mod tests {
         let gone = Needs { required: Some("elsewhere".into()), ..Needs::default() };
         assert_eq!(choose(&agents, &gone, WAIT, WAIT, 0), Choice::Wait);
     }
+
+    #[test]
+    fn a_foreign_platform_goes_where_its_via_allows() {
+        let amd = ["linux/amd64".to_string()];
+        let arm = ["linux/arm64".to_string()];
+        let agents = [
+            Candidate { id: "plain", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
+            Candidate { id: "qemu", platforms: &amd, emulates: &arm, slots: 1, busy: 1, warm: false },
+        ];
+        let arm64 = |via| Needs { platform: "linux/arm64".into(), via, ..Needs::default() };
+        assert_eq!(choose(&agents, &arm64(Via::Native), WAIT, WAIT, 0), Choice::Wait, "no agent runs it natively");
+        let emulated = [agents[0].clone(), Candidate { busy: 0, ..agents[1].clone() }];
+        assert_eq!(choose(&emulated, &arm64(Via::Emulation), WAIT, WAIT, 0), Choice::On(1), "only the emulating one");
+        assert_eq!(choose(&agents, &arm64(Via::AnyHost), WAIT, WAIT, 0), Choice::On(0), "no RUN: any free host");
+    }
 }

@@ -185,6 +185,32 @@ async fn a_run_step_for_a_platform_nobody_runs_fails_before_any_build_naming_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_announcing_an_emulator_takes_the_run_step_past_the_preflight() {
+    let registry = Registry::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("kind = \"registry\"\nregistry = \"{}\"", registry.addr);
+    // The RUN fails on any platform (the file is no program): what matters is that a build ran.
+    let runs = "FROM scratch\nCOPY hello.txt /hello.txt\nRUN [\"/hello.txt\"]\n";
+    let dir = instance(tmp.path(), &unique("emuok"), &["linux/amd64", "linux/arm64"], &target, runs);
+    let home = tmp.path().join("home");
+    // The handler is in place before the agent says hello: it announces linux/arm64 as emulated.
+    std::fs::create_dir_all(home.join("binfmt_misc")).unwrap();
+    std::fs::write(home.join("binfmt_misc/status"), "enabled\n").unwrap();
+    std::fs::write(home.join("binfmt_misc/qemu-aarch64"), "enabled\ninterpreter /usr/bin/qemu-aarch64-static\n")
+        .unwrap();
+    let mut farm = Farm::start(&home).await;
+    assert_eq!(farm.binfmt_root(), home.join("binfmt_misc"));
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(!succeeded(&events), "{events:#?}");
+    let why = failure(&events);
+    assert!(!why.contains("install qemu-user-static"), "the preflight let it through: {why}");
+    assert!(why.contains("build of"), "{why}");
+    assert!(farm.builds() >= 1, "a build ran");
+    farm.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_target_refuses_several_platforms_before_anything_is_built() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = instance(tmp.path(), &unique("mplocal"), &["linux/amd64", "linux/arm64"], "kind = \"local\"", COPY_ONLY);

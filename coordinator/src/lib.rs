@@ -33,6 +33,7 @@ mod address;
 pub mod plan;
 
 mod api;
+mod cluster;
 mod contexts;
 mod convert;
 mod deliver;

@@ -75,6 +75,8 @@ pub struct AgentView {
     pub role: &'static str,
     pub stores: Vec<String>,
     pub platforms: Vec<String>,
+    /// Platforms it runs through emulation; known while it is connected.
+    pub emulates: Vec<String>,
     pub version: String,
     pub connected: bool,
     /// Connected, but it said it is going away: it finishes what it runs and takes nothing new.
@@ -156,6 +158,7 @@ impl From<AgentInfo> for AgentView {
             id: a.id,
             stores: a.stores,
             platforms: a.platforms,
+            emulates: a.emulates,
             version: a.version,
             connected: a.connected,
             draining: a.draining,
@@ -260,7 +263,10 @@ pub fn agents_text(agents: &[AgentView], now_ms: u64) -> String {
             a.id.clone(),
             a.role.to_string(),
             join_or_dash(&a.stores),
-            join_or_dash(&a.platforms),
+            match a.emulates.is_empty() {
+                true => join_or_dash(&a.platforms),
+                false => format!("{} (emulates {})", join_or_dash(&a.platforms), a.emulates.join(",")),
+            },
             a.version.clone(),
             match (a.connected, a.draining) {
                 (true, false) => "yes",
@@ -453,6 +459,10 @@ store containerd:n1 (agent n1): listing failed: socket gone
             role: "host",
             stores: vec!["docker:box".into()],
             platforms: vec!["linux/amd64".into()],
+            emulates: match id {
+                "leaving" => vec!["linux/arm64".into(), "linux/riscv64".into()],
+                _ => vec![],
+            },
             version: "0.1.0".into(),
             connected,
             draining,
@@ -461,10 +471,10 @@ store containerd:n1 (agent n1): listing failed: socket gone
         let agents =
             vec![agent("embedded-box", true, false), agent("leaving", true, true), agent("gone", false, false)];
         let golden = "\
-AGENT         ROLE  STORES      PLATFORMS    VERSION  CONNECTED  LAST SEEN
-embedded-box  host  docker:box  linux/amd64  0.1.0    yes        2 s ago
-leaving       host  docker:box  linux/amd64  0.1.0    draining   2 s ago
-gone          host  docker:box  linux/amd64  0.1.0    no         2 s ago
+AGENT         ROLE  STORES      PLATFORMS                                         VERSION  CONNECTED  LAST SEEN
+embedded-box  host  docker:box  linux/amd64                                       0.1.0    yes        2 s ago
+leaving       host  docker:box  linux/amd64 (emulates linux/arm64,linux/riscv64)  0.1.0    draining   2 s ago
+gone          host  docker:box  linux/amd64                                       0.1.0    no         2 s ago
 ";
         assert_eq!(agents_text(&agents, NOW), golden);
     }
@@ -483,7 +493,7 @@ gone          host  docker:box  linux/amd64  0.1.0    no         2 s ago
         });
         assert_eq!(
             serde_json::to_string(&agent).unwrap(),
-            r#"{"id":"x","role":"both","stores":[],"platforms":[],"version":"","connected":true,"draining":true,"last_seen_ms":0}"#
+            r#"{"id":"x","role":"both","stores":[],"platforms":[],"emulates":[],"version":"","connected":true,"draining":true,"last_seen_ms":0}"#
         );
         let recorded = |user: &str, declares_user| kiln_proto::v1::RecordedImage {
             name: "web".into(),

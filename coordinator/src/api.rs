@@ -690,6 +690,7 @@ impl pb::kiln_server::Kiln for KilnService {
                 pb::AgentInfo {
                     connected: conn.is_some(),
                     draining: conn.is_some_and(|a| a.is_draining()),
+                    emulates: conn.map(|a| a.emulates.clone()).unwrap_or_default(),
                     id: row.id.0,
                     role: match row.role {
                         crate::model::AgentRole::Host => pb::Role::Host,

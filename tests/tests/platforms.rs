@@ -200,6 +200,12 @@ async fn an_agent_announcing_an_emulator_takes_the_run_step_past_the_preflight()
         .unwrap();
     let mut farm = Farm::start(&home).await;
     assert_eq!(farm.binfmt_root(), home.join("binfmt_misc"));
+    // `kiln agents` says so: the host agent builds amd64 and emulates arm64.
+    let mut client = pb::kiln_client::KilnClient::new(kiln_e2e::wire::channel(&farm.url));
+    let agents = client.agents(pb::AgentsRequest {}).await.unwrap().into_inner().agents;
+    let emulating: Vec<_> = agents.iter().filter(|a| a.connected && !a.emulates.is_empty()).collect();
+    assert_eq!(emulating.len(), 1, "{agents:#?}");
+    assert_eq!(emulating[0].emulates, vec!["linux/arm64".to_string()]);
 
     let events = up(&farm.url, &dir, false).await;
     assert!(!succeeded(&events), "{events:#?}");

@@ -1044,10 +1044,14 @@ pub struct AgentInfo {
     pub connected: bool,
     /// It said `GoingAway`: connected, it finishes what it runs and takes nothing new. An older
     /// coordinator never sets it, and lists a draining agent as not connected.
-    ///
-    /// NextId: 9
     #[prost(bool, tag = "8")]
     pub draining: bool,
+    /// Platforms it runs through emulation (binfmt handlers), as its `Hello` announced them: known
+    /// only while it is connected.
+    ///
+    /// NextId: 10
+    #[prost(string, repeated, tag = "9")]
+    pub emulates: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, ::prost::Message)]

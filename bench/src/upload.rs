@@ -86,7 +86,7 @@ pub fn run(args: &Args) -> Result<()> {
     let run_no = Cell::new(0u32);
     let rises = RefCell::new(Vec::new());
     let source =
-        ContextSource { dir: context.clone(), walk: walk.clone(), images: vec!["bench".to_string()], archive_bytes: 0 };
+        ContextSource { dir: context.clone(), walk: walk.clone(), images: vec!["bench".to_string()], archive_bytes: 0, tree: None };
     let mut contestants = vec![
         tracked("kiln upload (pack→gRPC→verify→store)", &rises, || {
             run_no.set(run_no.get() + 1);
@@ -267,6 +267,27 @@ impl ContentStore for Sink {
             bytes += chunk.data.len() as u64;
         }
         Ok(Response::new(UploadReply { digest, bytes }))
+    }
+
+    async fn find_missing_blobs(
+        &self,
+        _: Request<kiln_proto::v1::FindMissingBlobsRequest>,
+    ) -> Result<Response<kiln_proto::v1::FindMissingBlobsReply>, Status> {
+        Err(Status::unimplemented("the sink takes archives only"))
+    }
+
+    async fn upload_blobs(
+        &self,
+        _: Request<Streaming<kiln_proto::v1::BlobBatch>>,
+    ) -> Result<Response<kiln_proto::v1::UploadBlobsReply>, Status> {
+        Err(Status::unimplemented("the sink takes archives only"))
+    }
+
+    async fn put_context(
+        &self,
+        _: Request<Streaming<kiln_proto::v1::ContextListChunk>>,
+    ) -> Result<Response<UploadReply>, Status> {
+        Err(Status::unimplemented("the sink takes archives only"))
     }
 
     type DownloadStream = tokio_stream::Empty<Result<DownloadChunk, Status>>;

@@ -33,6 +33,7 @@ mod address;
 pub mod plan;
 
 mod api;
+mod blobs;
 mod contexts;
 mod convert;
 mod deliver;

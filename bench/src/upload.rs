@@ -299,7 +299,7 @@ impl ContentStore for Sink {
 
 /// Sends the archive file over a loopback TCP connection to a thread that reads it into a
 /// buffer and drops it; timed from connect to the reader's last byte.
-fn tcp_copy(archive: &Path, bytes: u64) -> Result<Duration> {
+pub(crate) fn tcp_copy(archive: &Path, bytes: u64) -> Result<Duration> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let reader = std::thread::spawn(move || -> std::io::Result<u64> {
@@ -375,7 +375,7 @@ fn check_digest(got: TreeDigest, want: TreeDigest) -> Result<()> {
 }
 
 /// The process's peak resident set so far, in KiB (`VmHWM` in /proc/self/status).
-fn vm_hwm_kib() -> Result<u64> {
+pub(crate) fn vm_hwm_kib() -> Result<u64> {
     let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     status
         .lines()
@@ -384,11 +384,11 @@ fn vm_hwm_kib() -> Result<u64> {
         .context("/proc/self/status has no VmHWM line")
 }
 
-fn mib(kib: u64) -> String {
+pub(crate) fn mib(kib: u64) -> String {
     format!("{:.0} MiB", kib as f64 / 1024.0)
 }
 
-fn gb_per_s(bytes: u64, took: Duration) -> f64 {
+pub(crate) fn gb_per_s(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / took.as_secs_f64() / 1e9
 }
 

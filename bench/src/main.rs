@@ -3,6 +3,7 @@
 //! interleaved rounds and prints medians, ratios against the goals, and a markdown table
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
+mod blob_upload;
 mod converge;
 mod delivery;
 mod digest;
@@ -15,7 +16,6 @@ mod stat_cache;
 mod state_writes;
 mod sweep_plan;
 mod trust;
-mod blob_upload;
 mod upload;
 mod util;
 

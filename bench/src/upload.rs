@@ -85,8 +85,13 @@ pub fn run(args: &Args) -> Result<()> {
     let states = scratch.path().join("states");
     let run_no = Cell::new(0u32);
     let rises = RefCell::new(Vec::new());
-    let source =
-        ContextSource { dir: context.clone(), walk: walk.clone(), images: vec!["bench".to_string()], archive_bytes: 0, tree: None };
+    let source = ContextSource {
+        dir: context.clone(),
+        walk: walk.clone(),
+        images: vec!["bench".to_string()],
+        archive_bytes: 0,
+        tree: None,
+    };
     let mut contestants = vec![
         tracked("kiln upload (pack→gRPC→verify→store)", &rises, || {
             run_no.set(run_no.get() + 1);

@@ -139,8 +139,10 @@ async fn find_missing(
 ) -> Result<Option<Vec<Blob>>, UploadError> {
     let mut missing = Vec::new();
     for batch in blobs.chunks(FIND_BATCH) {
-        let request =
-            pb::FindMissingBlobsRequest { context: digest.to_string(), hashes: batch.iter().map(|b| b.hash.to_vec()).collect() };
+        let request = pb::FindMissingBlobsRequest {
+            context: digest.to_string(),
+            hashes: batch.iter().map(|b| b.hash.to_vec()).collect(),
+        };
         let reply = match client.find_missing_blobs(request).await {
             Ok(reply) => reply.into_inner(),
             Err(status) if status.code() == tonic::Code::Unimplemented => return Ok(None),
@@ -154,7 +156,7 @@ async fn find_missing(
 
 /// `blobs` dealt into at most `n` shares of about equal bytes, biggest first.
 fn split(mut blobs: Vec<Blob>, n: usize) -> Vec<Vec<Blob>> {
-    blobs.sort_by(|a, b| b.size.cmp(&a.size));
+    blobs.sort_by_key(|b| std::cmp::Reverse(b.size));
     let mut shares: Vec<(u64, Vec<Blob>)> = vec![(0, Vec::new()); n.max(1)];
     for blob in blobs {
         let least = shares.iter_mut().min_by_key(|(bytes, _)| *bytes).expect("at least one share");
@@ -179,7 +181,8 @@ async fn upload_share(
     let stream = BatchStream { rx, aborted: false, sent, progress, name: digest };
     let call = client.upload_blobs(stream);
     tokio::pin!(call);
-    let joined = |res: Result<Result<(), UploadError>, tokio::task::JoinError>| res.unwrap_or(Err(UploadError::Panicked));
+    let joined =
+        |res: Result<Result<(), UploadError>, tokio::task::JoinError>| res.unwrap_or(Err(UploadError::Panicked));
     tokio::select! {
         res = &mut reader => {
             joined(res)?;
@@ -271,12 +274,14 @@ impl Batcher {
         if self.pieces.is_empty() && self.context.is_none() {
             return Ok(());
         }
-        let batch = pb::BlobBatch { context: self.context.take().unwrap_or_default(), pieces: std::mem::take(&mut self.pieces) };
+        let batch = pb::BlobBatch {
+            context: self.context.take().unwrap_or_default(),
+            pieces: std::mem::take(&mut self.pieces),
+        };
         self.bytes = 0;
-        self.tx.blocking_send(Piece::Batch(batch)).map_err(|_| UploadError::Broken {
-            reason: "the upload stream was closed".into(),
-            never_delivered: false,
-        })
+        self.tx
+            .blocking_send(Piece::Batch(batch))
+            .map_err(|_| UploadError::Broken { reason: "the upload stream was closed".into(), never_delivered: false })
     }
 }
 

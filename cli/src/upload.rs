@@ -328,8 +328,13 @@ mod tests {
         std::fs::write(tmp.path().join("etc/small"), "x").unwrap();
         let walk = WalkOptions { dockerfile: Some("Dockerfile".into()) };
         let (_, digest) = digest_dir(tmp.path(), &walk).unwrap();
-        let source =
-            ContextSource { dir: tmp.path().to_path_buf(), walk, images: vec!["app".into()], archive_bytes: 0, tree: None };
+        let source = ContextSource {
+            dir: tmp.path().to_path_buf(),
+            walk,
+            images: vec!["app".into()],
+            archive_bytes: 0,
+            tree: None,
+        };
         (tmp, source, digest)
     }
 

@@ -94,14 +94,14 @@ impl Blobs {
     pub fn receive(
         &self,
         batches: std::sync::mpsc::Receiver<pb::BlobBatch>,
-        max_blob_bytes: u64,
+        max_upload_bytes: u64,
     ) -> Result<Received, Status> {
         let mut open: Option<Open> = None;
         let mut got = Received::default();
         let result = (|| {
             for batch in batches {
                 for piece in batch.pieces {
-                    self.piece(&mut open, piece, max_blob_bytes, &mut got)?;
+                    self.piece(&mut open, piece, max_upload_bytes, &mut got)?;
                 }
             }
             match &open {
@@ -124,11 +124,14 @@ impl Blobs {
         &self,
         open: &mut Option<Open>,
         piece: pb::BlobPiece,
-        max_blob_bytes: u64,
+        max_upload_bytes: u64,
         got: &mut Received,
     ) -> Result<(), Status> {
         let hash: [u8; 32] = piece.hash.as_slice().try_into().map_err(|_| {
-            Status::invalid_argument(format!("blob piece names a hash of {} bytes; blake3 hashes are 32", piece.hash.len()))
+            Status::invalid_argument(format!(
+                "blob piece names a hash of {} bytes; blake3 hashes are 32",
+                piece.hash.len()
+            ))
         })?;
         let shown = hex::encode(hash);
         let io = |e: std::io::Error| Status::internal(format!("storing blob {shown}: {e}"));
@@ -140,11 +143,13 @@ impl Blobs {
                 piece.size
             )));
         }
-        if piece.size > max_blob_bytes {
+        // One call holds at most what one archive upload may: a client cannot fill the disk
+        // through a single stream any more than through `Upload`.
+        if piece.offset == 0 && got.bytes.saturating_add(piece.size) > max_upload_bytes {
             return Err(Status::resource_exhausted(format!(
-                "blob {shown} refused: {} bytes pass this coordinator's upload limit of {max_blob_bytes} — exclude it \
-                 in .dockerignore, or have the farm's admin raise --max-upload-bytes",
-                piece.size
+                "blob {shown} refused: with it this upload passes this coordinator's limit of {max_upload_bytes} \
+                 bytes per upload — exclude build outputs and data from the context in .dockerignore, or have \
+                 the farm's admin raise --max-upload-bytes",
             )));
         }
         if piece.offset == 0 {
@@ -257,8 +262,11 @@ impl Blobs {
             let Some(hash) = entry.hash else {
                 return Err(ArchiveError::Refused { path: shown, why: "the entry list names no content hash".into() });
             };
-            let file = std::fs::File::open(self.path(&hash.0))
-                .map_err(|err| ArchiveError::Read { root: self.dir.clone(), path: format!("{shown} (blob {hash})"), err })?;
+            let file = std::fs::File::open(self.path(&hash.0)).map_err(|err| ArchiveError::Read {
+                root: self.dir.clone(),
+                path: format!("{shown} (blob {hash})"),
+                err,
+            })?;
             Ok(Box::new(std::io::BufReader::with_capacity(256 << 10, file)))
         };
         Ok(kiln_core::archive::pack_with(&self.dir, entries, &mut open, out)?.bytes)

@@ -237,7 +237,10 @@ impl Contexts {
     /// Stores `digest` as its entry list `list` over blobs the store holds.
     pub async fn put_list(&self, digest: TreeDigest, list: Vec<u8>) -> Result<u64, Status> {
         let entries = kiln_core::digest::list::decode_for(&list, &digest).map_err(|err| {
-            Status::invalid_argument(format!("entry list of context {digest} refused: {}", kiln_core::error_chain(&err)))
+            Status::invalid_argument(format!(
+                "entry list of context {digest} refused: {}",
+                kiln_core::error_chain(&err)
+            ))
         })?;
         let landing = self.landing.lock().await;
         if let Some((entry, count)) = self.blobs.first_absent(&entries) {
@@ -417,8 +420,9 @@ impl Contexts {
         let list = tokio::fs::read(self.list_path(&digest)).await.map_err(|_| {
             Status::not_found(format!("context {digest} is not stored — re-run `kiln up` to upload it"))
         })?;
-        let entries = kiln_core::digest::list::decode_for(&list, &digest)
-            .map_err(|e| Status::internal(format!("kept entry list of context {digest}: {}", kiln_core::error_chain(&e))))?;
+        let entries = kiln_core::digest::list::decode_for(&list, &digest).map_err(|e| {
+            Status::internal(format!("kept entry list of context {digest}: {}", kiln_core::error_chain(&e)))
+        })?;
         let (tx, rx) = mpsc::channel(4);
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
@@ -426,13 +430,18 @@ impl Contexts {
             let result = self.blobs.assemble(&entries, out);
             if let Err(err) = result {
                 if let kiln_core::archive::ArchiveError::Refused { path, .. } = &err {
-                    if let Some(hash) = entries.iter().find(|e| String::from_utf8_lossy(&e.path) == *path).and_then(|e| e.hash) {
+                    if let Some(hash) =
+                        entries.iter().find(|e| String::from_utf8_lossy(&e.path) == *path).and_then(|e| e.hash)
+                    {
                         self.blobs.forget(&hash);
                     }
                 }
                 tracing::warn!(%digest, error = %kiln_core::error_chain(&err), "a stored context could not be assembled; forgotten");
                 handle.block_on(self.forget(&digest));
-                let message = format!("assembling context {digest}: {} — re-run `kiln up` to upload it again", kiln_core::error_chain(&err));
+                let message = format!(
+                    "assembling context {digest}: {} — re-run `kiln up` to upload it again",
+                    kiln_core::error_chain(&err)
+                );
                 let _ = tx.blocking_send(Err(Status::internal(message)));
             }
         });
@@ -589,7 +598,10 @@ impl pb::content_store_server::ContentStore for ContentService {
             .iter()
             .map(|h| {
                 <[u8; 32]>::try_from(h.as_slice()).map_err(|_| {
-                    Status::invalid_argument(format!("a hash of {} bytes was asked about; blake3 hashes are 32", h.len()))
+                    Status::invalid_argument(format!(
+                        "a hash of {} bytes was asked about; blake3 hashes are 32",
+                        h.len()
+                    ))
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -364,7 +364,8 @@ fn an_archive_assembled_from_the_entry_list_and_blobs_is_the_one_packed_from_the
     let list = kiln_core::digest::list::encode(&tree.entries).unwrap();
     let entries = kiln_core::digest::list::decode_for(&list, &digest).unwrap();
     let mut assembled = Vec::new();
-    let done = kiln_core::archive::pack_with(Path::new("blobs"), &entries, &mut blob_reader(&blobs), &mut assembled).unwrap();
+    let done =
+        kiln_core::archive::pack_with(Path::new("blobs"), &entries, &mut blob_reader(&blobs), &mut assembled).unwrap();
     assert_eq!(done.digest, digest);
     assert_eq!(assembled, packed, "byte for byte the archive the CLI packs");
     assert_eq!(kiln_core::archive::packed_size(&entries), packed.len() as u64);
@@ -384,7 +385,8 @@ fn a_blob_that_is_not_its_hashs_bytes_is_refused_while_assembling() {
         }
         blobs.insert(entry.hash.unwrap().0, bytes);
     }
-    let err = kiln_core::archive::pack_with(Path::new("blobs"), &tree.entries, &mut blob_reader(&blobs), std::io::sink())
-        .unwrap_err();
+    let err =
+        kiln_core::archive::pack_with(Path::new("blobs"), &tree.entries, &mut blob_reader(&blobs), std::io::sink())
+            .unwrap_err();
     assert!(matches!(&err, ArchiveError::Refused { path, .. } if path == "src/main.txt"), "{err}");
 }

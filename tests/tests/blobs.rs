@@ -19,7 +19,11 @@ use pb::content_store_client::ContentStoreClient;
 /// 3 MiB file (sent in pieces) and a copy of the first small file (one blob for both).
 fn instance(into: &Path, folder: &str, instance: &str, files: usize) -> PathBuf {
     let dir = into.join(folder);
-    write(&dir, "kiln.toml", &format!("instance = \"{instance}\"\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n"));
+    write(
+        &dir,
+        "kiln.toml",
+        &format!("instance = \"{instance}\"\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n"),
+    );
     write(&dir, "app/Dockerfile", "FROM scratch\nCOPY . /\n");
     for i in 0..files {
         write(&dir, &format!("app/src/f{i:02}.txt"), &format!("file {i} of {instance}\n"));
@@ -104,8 +108,11 @@ async fn per_file_uploads_send_each_blob_once_and_then_only_what_moved() {
     remove_built(&bob);
 }
 
-/// The request of `dir`, its one context's digest and that context's files as (hash, bytes).
-fn context_of(dir: &Path) -> (pb::UpRequest, String, Vec<([u8; 32], Vec<u8>)>, Vec<u8>) {
+/// A file blob: its content hash and bytes.
+type Blob = ([u8; 32], Vec<u8>);
+
+/// The request of `dir`, its one context's digest, that context's files as blobs and its entry list.
+fn context_of(dir: &Path) -> (pb::UpRequest, String, Vec<Blob>, Vec<u8>) {
     let (req, contexts) = up_request(dir, false);
     let (digest, (root, opts)) = contexts.into_iter().next().unwrap();
     let (tree, _) = digest_dir(&root, &opts).unwrap();
@@ -120,7 +127,11 @@ fn context_of(dir: &Path) -> (pb::UpRequest, String, Vec<([u8; 32], Vec<u8>)>, V
 }
 
 /// One `UploadBlobs` call carrying `blobs` for `context`, a message per MiB piece.
-async fn upload_blobs(url: &str, context: &str, blobs: &[([u8; 32], Vec<u8>)]) -> Result<pb::UploadBlobsReply, tonic::Status> {
+async fn upload_blobs(
+    url: &str,
+    context: &str,
+    blobs: &[([u8; 32], Vec<u8>)],
+) -> Result<pb::UploadBlobsReply, tonic::Status> {
     let mut batches = Vec::new();
     for (hash, data) in blobs {
         let mut offset = 0;
@@ -143,7 +154,10 @@ async fn upload_blobs(url: &str, context: &str, blobs: &[([u8; 32], Vec<u8>)]) -
 }
 
 async fn missing_blobs(url: &str, context: &str, hashes: &[[u8; 32]]) -> Vec<Vec<u8>> {
-    let request = pb::FindMissingBlobsRequest { context: context.to_string(), hashes: hashes.iter().map(|h| h.to_vec()).collect() };
+    let request = pb::FindMissingBlobsRequest {
+        context: context.to_string(),
+        hashes: hashes.iter().map(|h| h.to_vec()).collect(),
+    };
     ContentStoreClient::new(channel(url)).find_missing_blobs(request).await.unwrap().into_inner().missing
 }
 
@@ -181,7 +195,11 @@ async fn a_blob_whose_bytes_lie_about_their_hash_is_refused_and_nothing_is_built
     let refused = upload_blobs(&farm.url, &digest, &[(*hash, forged)]).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     assert!(refused.message().contains("refused") && refused.message().contains(&hex::encode(hash)), "{refused:?}");
-    assert_eq!(missing_blobs(&farm.url, &digest, &[*hash]).await, vec![hash.to_vec()], "nothing is stored under the lie");
+    assert_eq!(
+        missing_blobs(&farm.url, &digest, &[*hash]).await,
+        vec![hash.to_vec()],
+        "nothing is stored under the lie"
+    );
 
     let put = put_context(&farm.url, &digest, list).await.unwrap_err();
     assert_eq!(put.code(), tonic::Code::FailedPrecondition, "{put:?}");
@@ -229,7 +247,8 @@ async fn blobs_stay_while_a_kept_context_or_an_upload_in_flight_names_them() {
     assert!(kept_blobs.iter().all(|b| after.contains(b)), "every blob of the recorded context stayed");
 
     // The upload finishes and the converge builds from the blobs the collection spared.
-    let rest: Vec<_> = files.iter().filter(|(h, _)| lacking.contains(&h.to_vec()) && hex::encode(h) != in_flight).cloned().collect();
+    let rest: Vec<_> =
+        files.iter().filter(|(h, _)| lacking.contains(&h.to_vec()) && hex::encode(h) != in_flight).cloned().collect();
     upload_blobs(&farm.url, &digest, &rest).await.unwrap();
     put_context(&farm.url, &digest, list).await.unwrap();
     let mut stream = stream;

@@ -96,6 +96,9 @@ pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
     pack_with(&tree.root, &tree.entries, &mut files, out)
 }
 
+/// Where [`pack_with`] reads a file entry's contents from.
+pub type OpenFile<'a> = dyn FnMut(&Entry) -> Result<Box<dyn Read>, ArchiveError> + 'a;
+
 /// Packs `entries` (canonical order) into the canonical archive, reading each file's contents from
 /// `open` — the context's folder ([`pack`]), or a content store's blobs by hash. The bytes are the
 /// same either way, so an archive assembled from blobs is the archive the CLI would have packed.
@@ -105,7 +108,7 @@ pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
 pub fn pack_with(
     root: &std::path::Path,
     entries: &[Entry],
-    open: &mut dyn FnMut(&Entry) -> Result<Box<dyn Read>, ArchiveError>,
+    open: &mut OpenFile<'_>,
     out: impl Write,
 ) -> Result<Packed, ArchiveError> {
     let mut out = CountingWriter { inner: out, count: 0 };

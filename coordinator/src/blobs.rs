@@ -315,3 +315,80 @@ pub fn context_digest(context: &str) -> Result<TreeDigest, Status> {
         Status::invalid_argument(format!("blobs must name the context they are for: {e}"))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(data: &[u8], whole: &[u8], offset: usize) -> pb::BlobPiece {
+        pb::BlobPiece {
+            hash: blake3::hash(whole).as_bytes().to_vec(),
+            size: whole.len() as u64,
+            offset: offset as u64,
+            data: data.to_vec().into(),
+        }
+    }
+
+    fn receive(blobs: &Blobs, batches: Vec<Vec<pb::BlobPiece>>) -> Result<Received, Status> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(batches.len().max(1));
+        for pieces in batches {
+            tx.send(pb::BlobBatch { context: String::new(), pieces }).unwrap();
+        }
+        drop(tx);
+        blobs.receive(rx, 1 << 30)
+    }
+
+    fn files(blobs: &Blobs) -> Vec<String> {
+        let mut names: Vec<String> =
+            std::fs::read_dir(blobs.dir()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn small_blobs_share_a_message_and_a_big_one_arrives_in_pieces() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blobs = Blobs::open(tmp.path().join("blobs"), true).unwrap();
+        let big: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+        let got = receive(
+            &blobs,
+            vec![
+                vec![piece(b"a", b"a", 0), piece(b"bb", b"bb", 0), piece(&big[..1000], &big, 0)],
+                vec![piece(&big[1000..2500], &big, 1000)],
+                vec![piece(&big[2500..], &big, 2500)],
+            ],
+        )
+        .unwrap();
+        assert_eq!(got, Received { blobs: 3, bytes: 3003 });
+        for data in [&b"a"[..], b"bb", &big] {
+            let hash = *blake3::hash(data).as_bytes();
+            assert_eq!(std::fs::read(blobs.path(&hash)).unwrap(), data);
+        }
+        assert_eq!(files(&blobs).len(), 3, "no temp file is left: {:?}", files(&blobs));
+    }
+
+    #[test]
+    fn a_blob_that_lies_or_stops_midway_is_refused_and_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blobs = Blobs::open(tmp.path().join("blobs"), true).unwrap();
+        let mut lying = piece(b"honest", b"honest", 0);
+        lying.data = b"h0nest".to_vec().into();
+        let err = receive(&blobs, vec![vec![lying]]).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.message().contains("refused"), "{err:?}");
+
+        let big = vec![7u8; 4096];
+        let mut forged = big.clone();
+        forged[4000] = 8;
+        let err =
+            receive(&blobs, vec![vec![piece(&forged[..2048], &big, 0)], vec![piece(&forged[2048..], &big, 2048)]])
+                .unwrap_err();
+        assert!(err.message().contains("refused"), "{err:?}");
+
+        let err = receive(&blobs, vec![vec![piece(&big[..2048], &big, 0)]]).unwrap_err();
+        assert!(err.message().contains("stopped mid-blob"), "{err:?}");
+        let err = receive(&blobs, vec![vec![piece(&big[..2048], &big, 0), piece(&big[..10], &big, 0)]]).unwrap_err();
+        assert!(err.message().contains("interleaved"), "{err:?}");
+        assert!(files(&blobs).is_empty(), "nothing stored, no temp file left: {:?}", files(&blobs));
+    }
+}

@@ -151,6 +151,7 @@ fn agent(urls: &str, scratch: &Path) -> tokio::sync::oneshot::Sender<()> {
         metrics: None,
         health: None,
         drain_grace: kiln_agent::DRAIN_GRACE,
+        platforms: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(kiln_agent::run_with(config, host, async {

@@ -199,6 +199,12 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
         let _ = perf.wait();
     }
     let load_secs = load_started.elapsed().as_secs_f64();
+    // `KILN_BENCH_METRICS=FILE`: the coordinator's `/metrics` after the load — its state calls'
+    // durations by method say where a converge waited.
+    if let (Some(c), Some(out)) = (&external, std::env::var_os("KILN_BENCH_METRICS")) {
+        let page = std::process::Command::new("curl").args(["-fsS", &format!("http://{}/metrics", c.http)]).output()?;
+        std::fs::write(&out, &page.stdout)?;
+    }
     let (rss, cpu_after) = rss_and_cpu();
     let coordinator_cpu = external.as_ref().map(|c| (c.cpu_seconds() - coordinator_before, c.cpu_seconds()));
 
@@ -294,6 +300,8 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
 struct External {
     child: std::process::Child,
     url: String,
+    /// `--http`: its `/metrics`, read after the load with `KILN_BENCH_METRICS=FILE`.
+    http: std::net::SocketAddr,
 }
 
 impl External {
@@ -303,9 +311,18 @@ impl External {
             bail!("{} is not built — cargo build --release -p kiln-coordinator", binary.display());
         }
         let addr = kiln_e2e::free_addr();
+        let http = kiln_e2e::free_addr();
         // Ten nice levels above this process's: the bench runs under `nice -n 10`.
         let mut command = std::process::Command::new("nice");
-        command.args(["-n", "-10"]).arg(&binary).args(["--dev", "--farm", "bench", "--listen", &addr.to_string()]);
+        command.args(["-n", "-10"]).arg(&binary).args([
+            "--dev",
+            "--farm",
+            "bench",
+            "--listen",
+            &addr.to_string(),
+            "--http",
+            &http.to_string(),
+        ]);
         match database {
             Some(url) => command.args(["--state", url]).arg("--data-dir").arg(dir.join("coordinator-data")),
             None => command.arg("--state").arg(dir.join("coordinator")),
@@ -315,7 +332,7 @@ impl External {
             .stderr(std::process::Stdio::null())
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        Ok(External { child, url: format!("http://{addr}") })
+        Ok(External { child, url: format!("http://{addr}"), http })
     }
 
     /// User + system CPU seconds of the coordinator so far.

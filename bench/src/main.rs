@@ -12,6 +12,7 @@ mod farm;
 mod mirror;
 mod observe;
 mod pack;
+mod platforms;
 mod stat_cache;
 mod state_writes;
 mod sweep_plan;
@@ -62,6 +63,8 @@ enum Bench {
     StateWrites(state_writes::Args),
     /// `kiln mirror` of a two-platform pinned image between local registries vs docker pull+tag+push of one platform.
     Mirror(mirror::Args),
+    /// A two-platform FROM scratch image to a registry on two agents vs the two single-platform converges in a row.
+    Platforms(platforms::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -82,5 +85,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Observe(args) => observe::run(&args),
         Bench::StateWrites(args) => state_writes::run(&args),
         Bench::Mirror(args) => mirror::run(&args),
+        Bench::Platforms(args) => platforms::run(&args),
     }
 }

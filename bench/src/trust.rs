@@ -160,6 +160,7 @@ fn start_agent(
         metrics: None,
         health: None,
         drain_grace: kiln_agent::DRAIN_GRACE,
+        platforms: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     rt.spawn(async move {

@@ -13,6 +13,7 @@
 //!   [`run_node`] is the same loop for a node agent. `metrics` is its `/metrics` (`--metrics ADDR`),
 //!   `health` its gRPC health service (`--health ADDR`).
 
+pub mod emulation;
 pub mod enroll;
 mod health;
 pub mod host;
@@ -26,5 +27,6 @@ mod tasks;
 
 pub use health::READY_SERVICE;
 pub use runner::{
-    coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, RunError, DRAIN_GRACE,
+    coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, Platforms, RunError,
+    DRAIN_GRACE,
 };

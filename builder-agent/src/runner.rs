@@ -46,6 +46,33 @@ pub struct AgentConfig {
     pub health: Option<std::net::SocketAddr>,
     /// How long running tasks may finish after a shutdown signal before they are handed back.
     pub drain_grace: Duration,
+    /// The platforms it announces: native and emulated.
+    pub platforms: Platforms,
+}
+
+/// The platforms an agent announces in its hello.
+#[derive(Clone, Debug, Default)]
+pub struct Platforms {
+    /// What it runs natively (OCI form); empty: this machine's (`--platform`, e.g. a node agent
+    /// on an arm64 node reached from elsewhere).
+    pub native: Vec<String>,
+    /// Where binfmt_misc is read for the platforms it emulates; `None`: the kernel's
+    /// (`/proc/sys/fs/binfmt_misc`).
+    pub binfmt_root: Option<PathBuf>,
+}
+
+impl Platforms {
+    pub fn native(&self) -> Vec<String> {
+        match self.native.is_empty() {
+            true => vec![PlatformSet::host().oci()],
+            false => self.native.clone(),
+        }
+    }
+
+    pub fn emulated(&self) -> Vec<String> {
+        let root = self.binfmt_root.clone().unwrap_or_else(|| PathBuf::from(crate::emulation::BINFMT_ROOT));
+        crate::emulation::emulated_platforms(&root, &self.native())
+    }
 }
 
 impl AgentConfig {
@@ -310,7 +337,11 @@ fn hello(config: &AgentConfig, served: &Served, host_stores: Vec<pb::StoreInfo>)
             agent_id: config.agent_id.clone(),
             role: role as i32,
             stores,
-            platforms: vec![PlatformSet::host().oci()],
+            platforms: config.platforms.native(),
+            emulates: match served {
+                Served::Host(_) => config.platforms.emulated(),
+                Served::Node(_) => Vec::new(),
+            },
             version: env!("CARGO_PKG_VERSION").to_string(),
             cluster: config.cluster.clone(),
             slots: config.slots(),

@@ -416,6 +416,7 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
         metrics: None,
         health: None,
         drain_grace: kiln_agent::DRAIN_GRACE,
+        platforms: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(kiln_agent::run_node_with(config, std::sync::Arc::new(store), async {

@@ -92,6 +92,7 @@ impl Embedded {
                 // The coordinator stops with it, and the CLI stops them only once its converge
                 // ended: nothing is left to drain, and waiting would slow every command's exit.
                 drain_grace: std::time::Duration::ZERO,
+                platforms: Default::default(),
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
                 let _ = stopped.await;

@@ -134,6 +134,13 @@ pub enum CliError {
          `kiln mirror` to copy its pinned images into"
     )]
     NoMirror { manifest: PathBuf },
+    #[error(
+        "platforms = \"cluster\": no node of {target} cluster {cluster} is known to the coordinator — start its node \
+         agents (`kiln-agent --role node --cluster {cluster}`) or its kind cluster, or list the platforms in kiln.toml"
+    )]
+    NoClusterPlatforms { target: &'static str, cluster: String },
+    #[error("the coordinator named platforms of cluster {cluster} this kiln cannot read: {why}")]
+    BadClusterPlatforms { cluster: String, why: String },
     #[error("cannot write the output")]
     Output(#[source] std::io::Error),
     #[error("the {what} task panicked")]
@@ -185,6 +192,8 @@ impl CliError {
             | CliError::Upload { .. }
             | CliError::UnknownContext { .. }
             | CliError::Output(_)
+            | CliError::NoClusterPlatforms { .. }
+            | CliError::BadClusterPlatforms { .. }
             | CliError::Panicked { .. } => Exit::Failed,
         }
     }

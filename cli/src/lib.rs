@@ -36,6 +36,7 @@ pub mod error;
 pub mod event;
 pub mod home;
 pub mod mirror;
+pub mod platforms;
 pub mod plumbing;
 pub mod ps;
 pub mod query;

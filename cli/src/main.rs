@@ -260,7 +260,7 @@ fn main() -> ExitCode {
         }
         Command::Pack { dir, output, dockerfile } => kiln::plumbing::pack(&dir, &output, dockerfile),
         Command::Unpack { file, dir, expect } => kiln::plumbing::unpack(&file, &dir, expect.as_deref()),
-        Command::Refs { dir } => kiln::plumbing::refs(&dir),
+        Command::Refs { dir } => kiln::plumbing::refs(&dir, &cli.remote.connect()),
         command => return run(command, &cli.remote),
     };
     match plumbing {

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use kiln_core::archive;
 use kiln_core::digest::{cache_file_for, digest_dir, digest_dir_cached, TreeDigest, WalkOptions};
-use kiln_core::manifest::{ImageSpec, Manifest};
+use kiln_core::manifest::{ImageSpec, Manifest, PlatformSource};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
@@ -149,8 +149,18 @@ fn clear_dir(dir: &Path) -> Result<()> {
 /// Step 1 of the converge, alone: stage, walk and address every built image exactly as `kiln up`
 /// does (`request::walk_built`), so a staged image's ref here is the one `up` builds; brought and
 /// pinned refs pass through untouched, but for a pinned image a `mirror_registry` re-homes.
-pub fn refs(dir: &Path) -> Result<()> {
-    let manifest = Manifest::load(dir)?;
+///
+/// A platform set that comes from the target's cluster is asked of the coordinator `connect`
+/// names (or an embedded one), exactly as `kiln up` asks it.
+pub fn refs(dir: &Path, connect: &crate::Connect) -> Result<()> {
+    let mut manifest = Manifest::load(dir)?;
+    if matches!(manifest.platform_source, PlatformSource::Cluster { .. }) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+        let asking = crate::embedded::with_coordinator(connect, true, |link| async move {
+            crate::platforms::from_cluster(&link, manifest).await
+        });
+        manifest = runtime.block_on(asking)?;
+    }
     let mut out = BufWriter::new(io::stdout().lock());
     writeln!(out, "instance {} → {} ({})", manifest.instance, manifest.target.kind_name(), manifest.platforms)?;
     let walked = crate::request::walk_built(&manifest, None)?;

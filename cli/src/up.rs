@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use kiln_core::manifest::Manifest;
+use kiln_core::manifest::{Manifest, PlatformSource};
 use kiln_proto::v1::content_store_client::ContentStoreClient;
 use kiln_proto::v1::kiln_client::KilnClient;
 use tokio::sync::mpsc;
@@ -113,6 +113,25 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     let manifest = tokio::task::spawn_blocking(move || Manifest::load(&dir))
         .await
         .map_err(|_| CliError::Panicked { what: "manifest" })??;
+    let outcome = if matches!(manifest.platform_source, PlatformSource::Cluster { .. }) {
+        // The set comes from the cluster, and is part of every content tag: asked for first.
+        let shown = &mut *render;
+        with_coordinator(&args.connect, true, |link| async move {
+            let manifest = crate::platforms::from_cluster(&link, manifest).await?;
+            let plan = prepare(args, manifest, &mut *shown).await?;
+            converge(link, &plan, shown).await
+        })
+        .await
+    } else {
+        let plan = prepare(args, manifest, &mut *render).await?;
+        with_coordinator(&args.connect, true, |link| converge(link, &plan, &mut *render)).await
+    };
+    render.finish().map_err(CliError::Output)?;
+    outcome
+}
+
+/// Step 1: walk and address every built image of `manifest`, as the request says them.
+async fn prepare(args: &UpArgs, manifest: Manifest, render: &mut dyn Render) -> Result<UpPlan, CliError> {
     let built: Vec<String> = manifest.built().map(|(name, _)| name.to_string()).collect();
     render.addressing(&built);
     let force = args.force;
@@ -128,10 +147,7 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
     for (name, staged) in &plan.staged {
         render.event(&Event::new(EventKind::Note, name, &staged.words())).map_err(CliError::Output)?;
     }
-
-    let outcome = with_coordinator(&args.connect, true, |link| converge(link, &plan, &mut *render)).await;
-    render.finish().map_err(CliError::Output)?;
-    outcome
+    Ok(plan)
 }
 
 /// How long an interrupted `kiln up` waits for the coordinator to confirm the cancel.

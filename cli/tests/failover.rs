@@ -99,6 +99,7 @@ fn agent(urls: &str, scratch: &Path) -> (Arc<SimHost>, tokio::sync::oneshot::Sen
         metrics: None,
         health: None,
         drain_grace: kiln_agent::DRAIN_GRACE,
+        platforms: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn kiln_agent::host::HostStore> = host.clone();

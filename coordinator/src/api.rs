@@ -672,6 +672,14 @@ impl pb::kiln_server::Kiln for KilnService {
         Ok(Response::new(pb::WhoAmIReply { actor: principal.actor(), role, team }))
     }
 
+    async fn cluster_platforms(
+        &self,
+        request: Request<pb::ClusterPlatformsRequest>,
+    ) -> Result<Response<pb::ClusterPlatformsReply>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(crate::cluster::platforms(&self.engine, &req.kind, &req.cluster).await?))
+    }
+
     async fn agents(&self, _request: Request<pb::AgentsRequest>) -> Result<Response<pb::AgentsReply>, Status> {
         let present = self.engine.hub.present();
         let rows = self.engine.store.agents().await.map_err(store_status)?;

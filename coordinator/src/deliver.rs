@@ -69,14 +69,43 @@ pub(crate) async fn to_nodes(
 ) -> Result<NodesDelivered, DeliverError> {
     let nodes = cluster_nodes(hub, cluster);
     if nodes.is_empty() {
-        return Err(DeliverError::Failed(format!(
-            "no node agent of cluster `{cluster}` is connected — run `kiln-agent --role node --cluster {cluster}` on each of its nodes"
-        )));
+        return Err(no_nodes(cluster));
     }
-    let id = host_image_id(host, converge, reference).await?;
+    let to = Nodes { nodes: &nodes, cluster, source: reference, reference };
+    deliver_to(relay, host, converge, to, name, narrate, events).await
+}
+
+pub(crate) fn no_nodes(cluster: &str) -> DeliverError {
+    DeliverError::Failed(format!(
+        "no node agent of cluster `{cluster}` is connected — run `kiln-agent --role node --cluster {cluster}` on each of its nodes"
+    ))
+}
+
+/// Where a delivery to node agents goes: `nodes` of `cluster` get the host's image `source` under
+/// `reference` — the same ref, or for one platform of a multi-platform image its platform ref on
+/// the host and the content ref on the nodes.
+pub(crate) struct Nodes<'a> {
+    pub nodes: &'a [Arc<AgentConn>],
+    pub cluster: &'a str,
+    pub source: &'a str,
+    pub reference: &'a str,
+}
+
+/// Delivers to the nodes `to` names: asks each first, exports once for those that lack it.
+pub(crate) async fn deliver_to(
+    relay: &Relay,
+    host: &AgentConn,
+    converge: &str,
+    to: Nodes<'_>,
+    name: &str,
+    narrate: bool,
+    events: &Events,
+) -> Result<NodesDelivered, DeliverError> {
+    let Nodes { nodes, cluster, source, reference } = to;
+    let id = host_image_id(host, converge, source).await?;
 
     // Ask first: a cluster that holds the image already costs one small task per node, no export.
-    let answers = on_nodes(&nodes, converge, reference, &id, None).await;
+    let answers = on_nodes(nodes, converge, reference, &id, None).await;
     let mut done = NodesDelivered::default();
     let mut lacking = Vec::new();
     let mut failures = Vec::new();
@@ -99,7 +128,7 @@ pub(crate) async fn to_nodes(
 
     let key = relay_key(&id, converge);
     relay.expect(&key);
-    let result = export_and_import(host, relay, &lacking, converge, reference, &id, &key, events, name).await;
+    let result = export_and_import(host, relay, &lacking, converge, (source, reference), &id, &key, events, name).await;
     relay.discard(&key).await;
     let (bytes, answers) = result?;
     done.bytes = bytes;
@@ -144,14 +173,14 @@ async fn export_and_import(
     relay: &Relay,
     lacking: &[Arc<AgentConn>],
     converge: &str,
-    reference: &str,
+    (source, reference): (&str, &str),
     id: &str,
     key: &str,
     events: &Events,
     name: &str,
 ) -> Result<(u64, Vec<Result<bool, String>>), DeliverError> {
-    events.emit(EventKind::Pushing, Some(name), format!("exporting {reference} from {}", host.id));
-    let export = Task::Export { reference: reference.into(), image_id: id.to_string(), relay_key: key.to_string() };
+    events.emit(EventKind::Pushing, Some(name), format!("exporting {source} from {}", host.id));
+    let export = Task::Export { reference: source.into(), image_id: id.to_string(), relay_key: key.to_string() };
     let exporting = async {
         let exported = host.run(converge, export, |_| {}).await;
         match &exported {

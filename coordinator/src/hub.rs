@@ -55,6 +55,8 @@ pub struct AgentConn {
     /// What the hello announced, replaced by every later `Stores` message.
     stores: Mutex<Vec<pb::StoreInfo>>,
     pub platforms: Vec<String>,
+    /// Platforms it runs through emulation only (binfmt_misc handlers), as it announced.
+    pub emulates: Vec<String>,
     pub version: String,
     /// Role node: the cluster it announced; a `nodes` target of that name delivers to it.
     pub cluster: String,
@@ -509,6 +511,7 @@ impl pb::agent_hub_server::AgentHub for HubService {
             role,
             stores: Mutex::new(hello.stores.clone()),
             platforms: hello.platforms.clone(),
+            emulates: hello.emulates.clone(),
             version: hello.version.clone(),
             cluster: hello.cluster.clone(),
             tx,

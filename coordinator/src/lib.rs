@@ -34,6 +34,7 @@ pub mod plan;
 
 mod api;
 mod blobs;
+mod cluster;
 mod contexts;
 mod convert;
 mod deliver;

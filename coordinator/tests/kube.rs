@@ -64,6 +64,9 @@ enum Scenario {
     ShopPods,
     /// `kiln down shop`: find its ConfigMap by label, delete it.
     DownDeletesConfigMap,
+    /// A cluster's platform set: its Node objects, an amd64 and an arm64 node and one whose
+    /// kubelet has not reported yet.
+    ClusterNodes,
     /// A whole served coordinator: `kiln up` of `shop` publishes, reports and sweeps with the
     /// cluster's roots; `kiln down shop` deletes the ConfigMap and sweeps again; a `kiln gc` that
     /// cannot list namespaces fails.
@@ -142,6 +145,7 @@ impl Scenario {
                 all.extend(Scenario::NamespacesForbidden.exchanges());
                 all
             }
+            Scenario::ClusterNodes => vec![Exchange::get("/api/v1/nodes", &fixture("nodes.json"))],
             Scenario::DownDeletesConfigMap => vec![
                 Exchange::get("/api/v1/configmaps", &fixture("configmaps-of-shop.json"))
                     .with("labelSelector", "kiln.dev/instance=shop")
@@ -572,6 +576,36 @@ async fn a_served_converge_publishes_reports_and_down_unpublishes() {
     coordinator.await.unwrap().unwrap();
 }
 
+/// Fake API server (none can run here), real coordinator: with `--kubernetes`, a cluster's
+/// platform set (`platforms = "cluster"`) includes every Node's reported architecture; a node
+/// whose kubelet has not reported one adds none.
+#[tokio::test]
+async fn a_clusters_platforms_include_what_its_kubelets_report() {
+    use kiln_proto::v1 as pb;
+
+    let (client, server) = fake_cluster();
+    let served = server.run(Scenario::ClusterNodes);
+    let state = tempfile::tempdir().unwrap();
+    let mut config = kiln_coordinator::Config::new(state.path(), "farm-k8s");
+    config.kubernetes = Some(KubeConfig::new(client));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let coordinator = tokio::spawn(kiln_coordinator::serve(listener, config, async {
+        let _ = stopped.await;
+    }));
+    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
+    let mut kiln = pb::kiln_client::KilnClient::new(channel);
+
+    let ask = pb::ClusterPlatformsRequest { kind: "nodes".into(), cluster: "edge".into() };
+    let reply = kiln.cluster_platforms(ask).await.unwrap().into_inner();
+    assert_eq!(reply.platforms, vec!["linux/amd64", "linux/arm64"]);
+    assert!(reply.sources.contains(&"Kubernetes node edge-b: linux/arm64".to_string()), "{:?}", reply.sources);
+    served.await.unwrap();
+    stop.send(()).unwrap();
+    coordinator.await.unwrap().unwrap();
+}
+
 /// Against a real cluster (the ambient kubeconfig; none runs on these machines): publish an
 /// instance into a scratch namespace, find its refs among the roots, and unpublish it.
 #[tokio::test]
@@ -586,7 +620,8 @@ async fn a_real_cluster_round_trip() {
 }
 
 impl Scenario {
-    const ALL: [Scenario; 7] = [
+    const ALL: [Scenario; 8] = [
+        Scenario::ClusterNodes,
         Scenario::ConfigMapApplied,
         Scenario::RootsOfTwoNamespaces,
         Scenario::NamespacesForbidden,
@@ -600,6 +635,7 @@ impl Scenario {
     /// here (and in `ALL`, above), so the RBAC check below reruns it too.
     fn test(self) -> fn() {
         match self {
+            Scenario::ClusterNodes => a_clusters_platforms_include_what_its_kubelets_report,
             Scenario::ConfigMapApplied => the_configmap_write_applies_the_instance_images_and_labels,
             Scenario::RootsOfTwoNamespaces => roots_come_from_configmaps_custom_resources_and_pods,
             Scenario::NamespacesForbidden => a_forbidden_namespace_list_fails_the_roots,

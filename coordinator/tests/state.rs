@@ -168,6 +168,7 @@ suite!(
     events_come_back_in_seq_order_and_after_seq_resumes,
     an_event_kind_written_by_a_newer_kiln_still_replays,
     sixteen_concurrent_appends_get_distinct_gap_free_seqs,
+    batched_appends_keep_their_order_and_interleave_gap_free_with_others,
     converges_list_newest_first_per_instance_and_within_limit,
     missing_contexts_returns_exactly_the_unknown_ones,
     contexts_are_listed_and_collected_only_when_unclaimed,
@@ -560,6 +561,56 @@ async fn sixteen_concurrent_appends_get_distinct_gap_free_seqs(backend: Backend)
     assert_eq!(stored, (1..=16).collect::<Vec<u64>>());
 }
 
+/// The events writer's path: a burst in one call. Every backend must implement it (a default that
+/// appends one by one made each event a transaction of its own on PostgreSQL).
+async fn batched_appends_keep_their_order_and_interleave_gap_free_with_others(backend: Backend) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let store: Arc<dyn StateStore> = backend.open(&clock).await;
+    let converge = store.open_converge("shop", "ana").await.unwrap();
+    store.append_event(&converge.id, EventKind::Started, None, "start").await.unwrap();
+    clock.advance(7);
+    let burst = vec![
+        (EventKind::Uploaded { bytes: 3 }, Some("api".to_owned()), "up".to_owned()),
+        (EventKind::BuildLog, None, "no image".to_owned()),
+        (EventKind::Built { secs: 1.5 }, Some("web".to_owned()), "built".to_owned()),
+    ];
+    let appended = store.append_events(&converge.id, burst.clone()).await.unwrap();
+    assert_eq!(appended.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3, 4]);
+    assert!(store.append_events(&converge.id, Vec::new()).await.unwrap().is_empty());
+
+    // Eight writers, each a burst of five, with single appends among them: every seq once.
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (store, id) = (store.clone(), converge.id.clone());
+            tokio::spawn(async move {
+                let lines = (0..5).map(|j| (EventKind::BuildLog, Some(format!("w{i}")), format!("{i}.{j}"))).collect();
+                let mut seqs: Vec<u64> = store.append_events(&id, lines).await.unwrap().iter().map(|e| e.seq).collect();
+                seqs.push(store.append_event(&id, EventKind::Note, None, &format!("{i}")).await.unwrap().seq);
+                seqs
+            })
+        })
+        .collect();
+    let mut seqs = Vec::new();
+    for task in tasks {
+        let burst = task.await.unwrap();
+        assert!(burst[..5].windows(2).all(|w| w[1] == w[0] + 1), "one burst's seqs are consecutive: {burst:?}");
+        seqs.extend(burst);
+    }
+    seqs.sort_unstable();
+    assert_eq!(seqs, (5..=52).collect::<Vec<u64>>());
+
+    let stored = store.events(&converge.id, None).await.unwrap();
+    assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), (1..=52).collect::<Vec<u64>>());
+    let first_burst: Vec<_> =
+        stored[1..4].iter().map(|e| (e.kind.clone(), e.image.clone(), e.message.clone())).collect();
+    assert_eq!(first_burst, burst);
+    assert!(stored[1..4].iter().all(|e| e.at_ms == T0 + 7), "a burst is stamped when written");
+    let unknown = ConvergeId::from("nosuchconverge0");
+    let err = store.append_events(&unknown, burst).await.unwrap_err();
+    assert!(matches!(err, StateError::UnknownConverge { .. }), "{err:?}");
+    assert_eq!(store.events(&converge.id, None).await.unwrap().len(), 52, "nothing written by the refused burst");
+}
+
 async fn converges_list_newest_first_per_instance_and_within_limit(backend: Backend) {
     let clock = Arc::new(ManualClock::new(T0));
     let store = backend.open(&clock).await;
@@ -711,6 +762,50 @@ async fn a_lone_coordinator_leads_writes_renews_and_resigns(backend: Backend) {
     assert_eq!((renewed.token, renewed.holder.as_str()), (led.token, "coord-a"), "a renewal keeps the lease");
     store.resign_leadership(&renewed).await.unwrap();
     assert_eq!(store.current_leader().await.unwrap(), None, "a resigned lease is free");
+}
+
+/// A write whose caller went away mid-transaction (here: a timeout while it waits on a row lock)
+/// must never land, and the connection it held, still in that transaction, must not serve the
+/// next call — whose `COMMIT` would otherwise commit the abandoned write with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_write_abandoned_mid_transaction_never_lands_and_its_connection_is_not_reused() {
+    let backend = Backend::postgres().await;
+    let Backend::Postgres { db } = &backend else { unreachable!() };
+    let store = backend.open(&clock()).await;
+    let first = store.write_record("shop", None, vec![built("api", "reg/api:1")]).await.unwrap();
+    let second = store.write_record("shop", Some(first), vec![built("api", "reg/api:2")]).await.unwrap();
+
+    // Another session holds generation 1's row, which the next write prunes last: that write
+    // waits inside its transaction having already inserted generation 3.
+    let holder = raw_postgres(db).await;
+    holder
+        .batch_execute("BEGIN; SELECT * FROM records WHERE instance = 'shop' AND generation = 1 FOR UPDATE")
+        .await
+        .unwrap();
+    let abandoned = store.write_record("shop", Some(second), vec![built("api", "reg/api:3")]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), abandoned).await.is_err(),
+        "the write waits on the held row"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    // Later writes, one at a time, take whatever connection the pool has.
+    let converge = store.open_converge("other", "ana").await.unwrap();
+    for i in 0..8 {
+        store.append_event(&converge.id, EventKind::Note, None, &format!("after {i}")).await.unwrap();
+    }
+    store.finish_converge(&converge.id, ConvergeState::Succeeded).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let record = store.record("shop").await.unwrap().expect("the second record stands");
+    assert_eq!(record.generation, second, "the abandoned write never landed");
+    assert_eq!(record.images, vec![built("api", "reg/api:2")]);
+    assert_eq!(
+        backend.count("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'").await,
+        0,
+        "no connection is left in a transaction"
+    );
+    assert_eq!(store.events(&converge.id, None).await.unwrap().len(), 8);
 }
 
 /// SQLite serves one embedded coordinator: whoever asks leads, and nothing is fenced.

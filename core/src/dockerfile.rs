@@ -76,6 +76,32 @@ pub fn from_images(text: &str) -> Vec<FromImage> {
     found
 }
 
+/// Whether any instruction of `text` is a `RUN`: a build that runs a command runs the image's own
+/// binaries, so a platform the build host does not run needs emulation; one that only copies
+/// (`FROM scratch` + `COPY`) builds for any platform. Every stage counts, the target's or not:
+/// which stages BuildKit skips is the build's business, and guessing "none" would start a build
+/// that fails on an `exec format error` halfway.
+pub fn runs_commands(text: &str) -> bool {
+    let lines = physical_lines(text);
+    let (escape, mut i) = directives(&lines);
+    while i < lines.len() {
+        if is_blank_or_comment(lines[i].1) {
+            i += 1;
+            continue;
+        }
+        let logical = Logical::gather(&lines, &mut i, escape);
+        let words = logical.words();
+        let Some(keyword) = words.first().map(|w| &logical.text[w.clone()]) else { continue };
+        if keyword.eq_ignore_ascii_case("run") {
+            return true;
+        }
+        if ["copy", "add"].iter().any(|k| keyword.eq_ignore_ascii_case(k)) {
+            skip_heredocs(&lines, &mut i, &logical.text, &words[1..]);
+        }
+    }
+    false
+}
+
 /// `text` with each span replaced by its text. Spans must not overlap; their order does not matter.
 pub fn rewrite(text: &str, replacements: &[(Range<usize>, String)]) -> String {
     let mut sorted: Vec<&(Range<usize>, String)> = replacements.iter().collect();
@@ -241,6 +267,16 @@ mod tests {
 
     fn one(line: usize, image: &str) -> (usize, String) {
         (line, image.to_string())
+    }
+
+    #[test]
+    fn run_anywhere_needs_the_platform_and_copy_alone_does_not() {
+        assert!(!runs_commands("FROM scratch\nCOPY . /\n# RUN nothing\n"));
+        assert!(runs_commands("FROM base AS b\nrun echo hi\nFROM scratch\nCOPY --from=b / /\n"));
+        // A heredoc's body is not an instruction, even a line reading RUN.
+        assert!(!runs_commands("FROM scratch\nCOPY <<EOF /x\nRUN not an instruction\nEOF\n"));
+        // A continued instruction whose next line starts with RUN is still the COPY.
+        assert!(!runs_commands("FROM scratch\nCOPY a \\\n  RUN /\n"));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_core::manifest::{BuiltDockerfile, DockerfileLoc, ImageSpec, Manifest, ManifestError, RegistryPath, Target};
+use kiln_core::manifest::{
+    BuiltDockerfile, DockerfileLoc, ImageSpec, Manifest, ManifestError, PlatformSource, RegistryPath, Target,
+};
 use kiln_core::refs::{ImageRef, PlatformSet};
 use tempfile::TempDir;
 
@@ -392,7 +394,27 @@ fn bad_platforms() {
 
     let (err, msg, _) = fail(&format!("instance = \"a\"\nplatforms = \"linux/amd64\"\n{rest}"), API);
     assert_eq!(err.line, Some(2));
-    assert_has(&msg, &["invalid type", "expected a sequence"]);
+    assert_has(&msg, &[r#"platforms = "linux/amd64""#, r#"only "cluster" is known"#, r#"platforms = ["linux/amd64""#]);
+
+    let (err, msg, _) = fail(&format!("instance = \"a\"\nplatforms = \"cluster\"\n{rest}"), API);
+    assert_eq!(err.line, Some(2));
+    assert_has(&msg, &["a local target has none", "deliver to a kind or nodes target"]);
+}
+
+#[test]
+fn platforms_come_from_the_cluster_when_named_or_left_out_with_a_cluster_target() {
+    let nodes = "[target]\nkind = \"nodes\"\ncluster = \"edge\"\n[built.api]\ncontext = \"api\"\n";
+    let (named, _dir) = load(&format!("instance = \"a\"\nplatforms = \"cluster\"\n{nodes}"), API).unwrap();
+    assert_eq!(named.platform_source, PlatformSource::Cluster { named: true });
+    assert_eq!(named.platforms, PlatformSet::host(), "this machine's until the cluster says");
+    let (unnamed, _dir) = load(&format!("instance = \"a\"\n{nodes}"), API).unwrap();
+    assert_eq!(unnamed.platform_source, PlatformSource::Cluster { named: false });
+    let listed = format!("instance = \"a\"\nplatforms = [\"linux/arm64\"]\n{nodes}");
+    assert_eq!(load(&listed, API).unwrap().0.platform_source, PlatformSource::Listed);
+    let local = "instance = \"a\"\n[target]\nkind = \"local\"\n[built.api]\ncontext = \"api\"\n";
+    assert_eq!(load(local, API).unwrap().0.platform_source, PlatformSource::Host);
+    let arm = PlatformSet::parse(["linux/arm64", "linux/amd64"]).unwrap();
+    assert_eq!(named.with_cluster_platforms(arm.clone()).platforms, arm);
 }
 
 #[test]

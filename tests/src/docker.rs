@@ -14,6 +14,12 @@ pub fn image_id(reference: &str) -> Option<String> {
     ok.then_some(out)
 }
 
+/// The `os/architecture` the image `reference` names is for, as its config says.
+pub fn platform(reference: &str) -> Option<String> {
+    let (ok, out) = docker(&["image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", reference]);
+    ok.then_some(out)
+}
+
 /// One label of the image `reference` names.
 pub fn label(reference: &str, key: &str) -> Option<String> {
     let format = format!("{{{{index .Config.Labels \"{key}\"}}}}");

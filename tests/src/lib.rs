@@ -158,7 +158,7 @@ pub struct Farm {
     coordinator: Option<(oneshot::Sender<()>, JoinHandle<()>, tokio::runtime::Runtime)>,
     pub claim_lease: std::time::Duration,
     agent: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
-    /// Node agents started with [`Farm::start_node`].
+    /// Node agents started with [`Farm::start_node`], and host agents with [`Farm::start_host`].
     nodes: Vec<(oneshot::Sender<()>, JoinHandle<()>)>,
     /// [`Farm::start_observed`]: where the coordinator (`--http`) and the agent (`--metrics`)
     /// serve `/metrics`.
@@ -274,6 +274,9 @@ impl Farm {
             metrics: self.agent_metrics,
             health: None,
             drain_grace: kiln_agent::DRAIN_GRACE,
+            // binfmt_misc read from under the farm's home, where a test lays out the handlers it
+            // needs: the machine's own would make a test's outcome depend on what it installed.
+            platforms: kiln_agent::Platforms { native: Vec::new(), binfmt_root: Some(self.binfmt_root()) },
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -291,6 +294,18 @@ impl Farm {
     /// Starts a node agent `agent_id` of `cluster` serving `store` (the real `run_node_with`) and
     /// waits until the coordinator lists it as connected.
     pub async fn start_node(&mut self, cluster: &str, agent_id: &str, store: Arc<dyn kiln_agent::node::NodeStore>) {
+        self.start_node_on(cluster, agent_id, store, &[]).await
+    }
+
+    /// [`Farm::start_node`] for a node agent announcing `platforms` (OCI form; empty: this
+    /// machine's), as `kiln-agent --platform` would on a node of another architecture.
+    pub async fn start_node_on(
+        &mut self,
+        cluster: &str,
+        agent_id: &str,
+        store: Arc<dyn kiln_agent::node::NodeStore>,
+        platforms: &[&str],
+    ) {
         let config = kiln_agent::AgentConfig {
             slots: 0,
             coordinator: self.url.clone(),
@@ -301,6 +316,10 @@ impl Farm {
             metrics: None,
             health: None,
             drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: kiln_agent::Platforms {
+                native: platforms.iter().map(|p| p.to_string()).collect(),
+                binfmt_root: None,
+            },
         };
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -311,6 +330,43 @@ impl Farm {
             .expect("node agent runs");
         });
         self.nodes.push((tx, task));
+        self.wait_connected(agent_id).await;
+    }
+
+    /// Starts a second host agent `agent_id` (one slot) over the farm's Docker store, so a
+    /// converge's tasks can run on two agents at once, announcing `platforms` (empty: this
+    /// machine's) — e.g. an arm64 build host, which on this daemon builds what needs no RUN;
+    /// waits until it is connected.
+    pub async fn start_host(&mut self, agent_id: &str, platforms: &[&str]) {
+        let config = kiln_agent::AgentConfig {
+            slots: 1,
+            coordinator: self.url.clone(),
+            agent_id: agent_id.to_string(),
+            scratch_dir: self.home.join("scratch").join(agent_id),
+            cluster: String::new(),
+            identity: None,
+            metrics: None,
+            health: None,
+            drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: kiln_agent::Platforms {
+                native: platforms.iter().map(|p| p.to_string()).collect(),
+                binfmt_root: Some(self.binfmt_root()),
+            },
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        let store: Arc<dyn HostStore> = self.store.clone();
+        let task = tokio::spawn(async move {
+            kiln_agent::run_with(config, store, async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("agent runs");
+        });
+        self.nodes.push((tx, task));
+        self.wait_connected(agent_id).await;
+    }
+
+    async fn wait_connected(&self, agent_id: &str) {
         let channel = tonic::transport::Endpoint::from_shared(self.url.clone()).unwrap().connect_lazy();
         let mut client = kiln_proto::v1::kiln_client::KilnClient::new(channel);
         for _ in 0..200 {
@@ -321,7 +377,12 @@ impl Farm {
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
-        panic!("node agent {agent_id} never connected to {}", self.url);
+        panic!("agent {agent_id} never connected to {}", self.url);
+    }
+
+    /// Where the farm's host agent reads binfmt_misc (absent: it emulates nothing).
+    pub fn binfmt_root(&self) -> PathBuf {
+        self.home.join("binfmt_misc")
     }
 
     pub fn exports(&self) -> usize {

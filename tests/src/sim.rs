@@ -320,6 +320,7 @@ impl SimFarm {
             metrics: None,
             health: None,
             drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: Default::default(),
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let shared: Arc<dyn HostStore> = store.clone();

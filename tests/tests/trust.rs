@@ -192,6 +192,7 @@ async fn start_agent(farm: &TrustedFarm, id: &str, dir: &std::path::Path) -> tok
         metrics: None,
         health: None,
         drain_grace: kiln_agent::DRAIN_GRACE,
+        platforms: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -476,6 +477,7 @@ async fn a_member_cannot_cancel_another_teams_running_converge() {
         metrics: None,
         health: None,
         drain_grace: kiln_agent::DRAIN_GRACE,
+        platforms: Default::default(),
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: std::sync::Arc<dyn kiln_agent::host::HostStore> = host.clone();

@@ -219,6 +219,7 @@ impl Farm {
             metrics: None,
             health: None,
             drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: Default::default(),
         };
         let (agent_stop, stopped) = oneshot::channel::<()>();
         let host: Arc<dyn HostStore> = store.clone();

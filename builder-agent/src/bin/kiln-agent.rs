@@ -61,6 +61,13 @@ struct Args {
     /// process manager's own grace (the kubelet's default is 30 s).
     #[arg(long, default_value = "25s", value_parser = kiln_core::duration::parse, env = "KILN_DRAIN_GRACE")]
     drain_grace: std::time::Duration,
+    /// The platform this agent runs natively, announced to the coordinator (repeat for several),
+    /// e.g. `linux/arm64` for a node agent on an arm64 node. Default: this machine's.
+    #[arg(long = "platform", value_name = "OS/ARCH", env = "KILN_PLATFORMS", value_delimiter = ',')]
+    platforms: Vec<String>,
+    /// Where binfmt_misc is read for the platforms this host emulates (qemu-user-static handlers).
+    #[arg(long, value_name = "DIR", env = "KILN_BINFMT_ROOT", default_value = kiln_agent::emulation::BINFMT_ROOT)]
+    binfmt_root: PathBuf,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,6 +127,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         metrics: args.metrics,
         health: args.health,
         drain_grace: args.drain_grace,
+        platforms: kiln_agent::Platforms {
+            native: native_platforms(&args.platforms)?,
+            binfmt_root: Some(args.binfmt_root),
+        },
     };
     if args.role == Role::Node && config.cluster.is_empty() {
         anyhow::bail!("a node agent needs --cluster NAME: the cluster a `nodes` target of that name delivers to");
@@ -144,4 +155,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--platform` values in the OCI form the coordinator compares (`arm64` → `linux/arm64`).
+fn native_platforms(given: &[String]) -> anyhow::Result<Vec<String>> {
+    given
+        .iter()
+        .map(|p| {
+            kiln_core::refs::Platform::parse(p)
+                .map(|p| p.oci())
+                .map_err(|err| anyhow::anyhow!("--platform {p}: {}", kiln_core::error_chain(&err)))
+        })
+        .collect()
 }

@@ -21,6 +21,7 @@ use crate::events::Events;
 use crate::hub::{AgentConn, HeldRef};
 use crate::model::{Action, AddressInputs, ConvergeId, EventKind, Input, InputChange, Reason, Record, RecordedImage};
 use crate::plan::{BuildInputs, PlanImage, Target, UpPlan};
+use crate::schedule::Via;
 use crate::task::{Task, TaskOutcome};
 
 /// One built image's way through the converge.
@@ -35,6 +36,14 @@ pub(super) struct Decision<'a> {
     /// `nodes` and `kind`: the delivery is also the confirmation; it says "recorded" when it moved
     /// nothing.
     pub confirming: bool,
+    /// The platform its build is for (empty: the agent's own), and how an agent may build it. A
+    /// multi-platform image's decision names its first; each platform's own task gets a copy
+    /// naming that one (`platforms`).
+    pub platform: String,
+    pub via: Via,
+    /// One platform's task of a multi-platform image: the content ref its index and node stores
+    /// wear (`image.reference` is then the platform ref its build host tags it with).
+    pub index: Option<&'a str>,
 }
 
 /// A host's labeled listing, with the store it names.
@@ -91,8 +100,18 @@ impl Engine {
         let mut decisions = Vec::with_capacity(built.len());
         for (i, &(image, inputs)) in built.iter().enumerate() {
             let recorded = entry(image);
-            let decision =
-                |action, reason, confirming| Decision { image, inputs, action, reason, recorded, confirming };
+            let platform = plan.platforms.first().cloned().unwrap_or_default();
+            let decision = |action, reason, confirming| Decision {
+                image,
+                inputs,
+                action,
+                reason,
+                recorded,
+                confirming,
+                platform: platform.clone(),
+                via: Via::Native,
+                index: None,
+            };
             if in_record[i] {
                 match &plan.target {
                     Target::Kind { .. } | Target::Nodes { .. } => {

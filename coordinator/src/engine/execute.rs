@@ -199,8 +199,7 @@ impl Engine {
             reference: d.image.reference.clone(),
             context: d.inputs.context.to_string(),
         };
-        let platform = plan.platforms.first().cloned().unwrap_or_default();
-        let needs = Needs { platform, required, exclude: lost.clone() };
+        let needs = Needs { platform: d.platform.clone(), via: d.via, required, exclude: lost.clone() };
         let on_queued = |position: u32, wait: Duration| {
             let words = format!("queued ({}, ~{} s)", kiln_core::ordinal(position), wait.as_secs().max(1));
             let kind = EventKind::Queued { position, wait_ms: wait.as_millis() as u64 };
@@ -329,7 +328,7 @@ impl Engine {
             dockerfile_outside: inputs.dockerfile_outside.clone(),
             args: inputs.args.clone(),
             target_stage: inputs.target_stage.clone(),
-            platform: plan.platforms.first().cloned().unwrap_or_default(),
+            platform: d.platform.clone(),
             labels,
         });
         let started = Instant::now();
@@ -415,6 +414,11 @@ impl Engine {
             Target::Local => {
                 events.emit(EventKind::Delivered, Some(name), "local target: the build host is where it runs");
                 Ok(Vec::new())
+            }
+            Target::Nodes { cluster } if d.index.is_some() => {
+                let done = self.platform_to_nodes(host, id, cluster, d, narrate, events).await?;
+                self.metrics.delivered(plan.target.identity(), done.bytes);
+                Ok(done.imported)
             }
             Target::Nodes { cluster } => {
                 let done = deliver::to_nodes(

@@ -8,12 +8,15 @@
 //! - `execute` — steps 4–6: contexts, builds (through the farm's queue, `schedule`), deliveries,
 //!   a ref gone at its use rebuilt.
 //! - `parallel` — every image a task of its own, in parallel, in the order of the FROM graph.
+//! - `platforms` — a multi-platform image: a task per platform, the emulation preflight, the
+//!   index in the registry, each node's own platform.
 //! - `running` — the converges running now, for `kiln cancel` and `kiln ps`.
 
 mod decide;
 mod execute;
 mod files;
 mod parallel;
+mod platforms;
 pub mod running;
 
 use crate::contexts::Contexts;
@@ -137,11 +140,8 @@ impl Engine {
             let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
             return Ok(Converged { generation: record.map_or(0, |r| r.generation.0), changed: false });
         }
-        if plan.platforms.len() > 1 {
-            return Err(Failure::whole(format!(
-                "platforms {} need a multi-platform builder; Kiln's agents build one platform per image for now — list one platform",
-                plan.platforms.join(", ")
-            )));
+        if platforms::multi(plan) {
+            platforms::refuse_target(plan)?;
         }
         let built: Vec<(&PlanImage, &BuildInputs)> = plan
             .images
@@ -180,6 +180,9 @@ impl Engine {
 
         if !built.is_empty() {
             let host = self.pick_host(plan).instrument(step("pick host")).await?;
+            if platforms::multi(plan) {
+                self.check_nodes(plan)?;
+            }
             let deciding = self.decide(&host, id, plan, record.as_ref(), &built, events);
             let mut decisions = deciding.instrument(step("decide")).await?;
             if plan.dry_run {
@@ -206,7 +209,11 @@ impl Engine {
             self.ensure_contexts(&decisions, events).instrument(step("contexts")).await?;
             // After the uploads: every context about to be built is stored now, with its list.
             self.name_files(&mut decisions).await;
-            let running = self.run_all(&host, id, plan, &decisions, generation, events);
+            let placements = match platforms::multi(plan) {
+                true => self.place_platforms(plan, &decisions).instrument(step("platforms")).await?,
+                false => platforms::Placements::new(),
+            };
+            let running = self.run_all(&host, id, plan, &decisions, &placements, generation, events);
             recorded.extend(running.instrument(step("images")).await?);
         }
 
@@ -243,7 +250,12 @@ impl Engine {
                 .connected()
                 .into_iter()
                 .filter(|a| a.is_host())
-                .filter(|a| a.platforms.is_empty() || plan.platforms.iter().all(|p| a.platforms.contains(p)))
+                // A multi-platform image's tasks are placed per platform; any host decides.
+                .filter(|a| {
+                    platforms::multi(plan)
+                        || a.platforms.is_empty()
+                        || plan.platforms.iter().all(|p| a.platforms.contains(p))
+                })
                 .collect();
             if !hosts.is_empty() {
                 let spread = {

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::decide::Decision;
+use super::platforms::Placements;
 use super::{store_failure, Engine, Failure};
 use crate::events::Events;
 use crate::hub::{AgentConn, HeldRef};
@@ -53,12 +54,14 @@ impl Graph {
 
 impl Engine {
     /// Runs every decision to its record entry, in parallel; entries come back in decision order.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run_all(
         &self,
         home: &Arc<AgentConn>,
         id: &ConvergeId,
         plan: &UpPlan,
         decisions: &[Decision<'_>],
+        placements: &Placements,
         generation: u64,
         events: &Events,
     ) -> Result<Vec<RecordedImage>, Failure> {
@@ -70,7 +73,12 @@ impl Engine {
                 let graph = &graph;
                 let span = tracing::info_span!("image", otel.name = %format!("image {}", d.image.name), action = d.action.word());
                 async move {
-                    let result = self.run_one(home, id, plan, d, generation, events, graph).await;
+                    let result = match placements.get(&d.image.name).filter(|_| d.action != Action::Skip) {
+                        Some(vias) => {
+                            self.run_platforms(home, id, plan, d, vias, generation, events).await.map(|e| (e, None))
+                        }
+                        None => self.run_one(home, id, plan, d, generation, events, graph).await,
+                    };
                     graph.finish(&d.image.name, result.as_ref().ok().and_then(|(_, agent)| agent.clone()));
                     (i, result.map(|(entry, _)| entry))
                 }

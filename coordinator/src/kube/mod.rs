@@ -13,6 +13,7 @@
 //! namespace takes both over.
 
 mod converge;
+mod nodes;
 mod report;
 mod roots;
 
@@ -24,6 +25,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kiln_core::sweep::LABEL_INSTANCE;
 
 pub(crate) use converge::{published, unpublished};
+pub use nodes::node_platforms;
 pub use report::{stale_notes, stale_workloads};
 pub use roots::{gather_roots, pod_images};
 
@@ -94,6 +96,8 @@ impl std::fmt::Debug for KubeConfig {
 /// A Kubernetes API call that failed; each names the object and what the coordinator needs.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
+    #[error("cannot list the cluster's nodes for its platforms — the coordinator needs `list` on nodes")]
+    Nodes(#[source] ::kube::Error),
     #[error("cannot list the namespaces labeled {LABEL_INSTANCE} — the coordinator needs `list` on namespaces")]
     Namespaces(#[source] ::kube::Error),
     #[error("cannot read {what} in namespace {namespace} — the coordinator needs `get`/`list` on them there")]

@@ -78,11 +78,11 @@ impl Place {
         format!("{}/{}", self.registry, self.repository)
     }
 
-    fn at(&self, digest: &str) -> Reference {
+    pub(super) fn at(&self, digest: &str) -> Reference {
         Reference::with_digest(self.registry.clone(), self.repository.clone(), digest.to_string())
     }
 
-    fn tagged(&self, tag: &str) -> Reference {
+    pub(super) fn tagged(&self, tag: &str) -> Reference {
         Reference::with_tag(self.registry.clone(), self.repository.clone(), tag.to_string())
     }
 }

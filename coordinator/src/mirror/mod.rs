@@ -23,6 +23,9 @@
 //! - `kiln up --dry-run` and `kiln mirror --dry-run` make the same HEAD and say what would be copied.
 
 mod copy;
+mod index;
+
+pub use index::{Assembled, IndexError, Part};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +62,13 @@ impl Registries {
         let mut clients = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let key = (upstream.to_string(), mirror.to_string());
         clients.entry(key).or_insert_with(|| copy::client(&[upstream, mirror])).clone()
+    }
+
+    /// Assembles the index of a multi-platform image's `parts` in its registry, under `content`
+    /// (`index`).
+    pub async fn assemble_index(&self, content: &ImageRef, parts: &[Part]) -> Result<Assembled, IndexError> {
+        let client = self.client(content.domain(), content.domain());
+        index::assemble(&client, content, parts).await
     }
 }
 

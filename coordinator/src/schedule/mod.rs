@@ -14,8 +14,8 @@
 
 mod placement;
 
-pub use placement::Needs;
 use placement::{Candidate, Choice};
+pub use placement::{Needs, Via};
 
 use crate::hub::{AgentConn, HeldRef};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -368,15 +368,17 @@ impl State {
     /// none builds their platform and none connected within [`NO_AGENT_WAIT`]. Looked at on the
     /// ticks and when an agent leaves — not on every dispatch, which sees only free slots.
     fn refuse_unplaceable(&mut self) {
-        let hosts: Vec<(String, Vec<String>)> =
-            self.hosts.values().map(|h| (h.conn.id.clone(), h.conn.platforms.clone())).collect();
+        let hosts: Vec<(String, Vec<String>, Vec<String>)> = self
+            .hosts
+            .values()
+            .map(|h| (h.conn.id.clone(), h.conn.platforms.clone(), h.conn.emulates.clone()))
+            .collect();
         for queue in self.queues.values_mut() {
             let mut i = 0;
             while i < queue.len() {
                 let w = &queue[i];
-                let eligible = hosts.iter().any(|(id, platforms)| {
-                    let platform_ok =
-                        w.needs.platform.is_empty() || platforms.is_empty() || platforms.contains(&w.needs.platform);
+                let eligible = hosts.iter().any(|(id, platforms, emulates)| {
+                    let platform_ok = placement::runs(platforms, emulates, &w.needs);
                     platform_ok && w.needs.required.as_deref().is_none_or(|r| r == id)
                 });
                 let refuse = match (&w.needs.required, eligible) {
@@ -420,6 +422,7 @@ impl State {
                 .map(|h| Candidate {
                     id: &h.conn.id,
                     platforms: &h.conn.platforms,
+                    emulates: &h.conn.emulates,
                     slots: h.conn.slots,
                     busy: h.busy,
                     warm: h.conn.holds(&w.held) || h.conn.built(&w.task.context),

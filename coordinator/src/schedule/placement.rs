@@ -1,7 +1,8 @@
 //! Where a build task goes, among the agents with a free slot: pure, so the rules are tested
 //! without agents.
 //!
-//! 1. Only an agent that may run it: a host that builds the task's platform, not excluded (an agent
+//! 1. Only an agent that may run it: a host that builds the task's platform (natively; through
+//!    emulation or on any host when the engine found no native one — [`Via`]), not excluded (an agent
 //!    the task was already lost on), and the one agent it requires when it builds `FROM` an image of
 //!    its converge (the base exists on that daemon only).
 //! 2. A warm agent first — it holds the image, or built the context before (Docker's layer cache) —
@@ -17,6 +18,8 @@ use std::time::Duration;
 pub struct Candidate<'a> {
     pub id: &'a str,
     pub platforms: &'a [String],
+    /// Platforms it runs through emulation only.
+    pub emulates: &'a [String],
     pub slots: u32,
     pub busy: u32,
     /// The agent holds the task's image or built its context before.
@@ -27,8 +30,34 @@ pub struct Candidate<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct Needs {
     pub platform: String,
+    /// How an agent may build `platform`.
+    pub via: Via,
     pub required: Option<String>,
     pub exclude: Vec<String>,
+}
+
+/// How a task's platform may be built: the engine decides once per converge, from the agents
+/// connected and the Dockerfile, and placement only follows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Via {
+    /// On an agent that runs it natively.
+    #[default]
+    Native,
+    /// No agent runs it natively; one whose binfmt_misc handlers run it will do.
+    Emulation,
+    /// The Dockerfile runs nothing (`FROM scratch` + `COPY`): BuildKit builds it for any platform
+    /// on any host.
+    AnyHost,
+}
+
+/// Whether an agent announcing `platforms` (natively) and `emulates` may build for `needs`.
+pub fn runs(platforms: &[String], emulates: &[String], needs: &Needs) -> bool {
+    let native = needs.platform.is_empty() || platforms.is_empty() || platforms.contains(&needs.platform);
+    match needs.via {
+        Via::Native => native,
+        Via::Emulation => native || emulates.contains(&needs.platform),
+        Via::AnyHost => true,
+    }
 }
 
 /// The outcome for one task and the agents now connected.
@@ -48,8 +77,7 @@ impl Candidate<'_> {
     }
 
     fn may_run(&self, needs: &Needs) -> bool {
-        let platform_ok =
-            needs.platform.is_empty() || self.platforms.is_empty() || self.platforms.contains(&needs.platform);
+        let platform_ok = runs(self.platforms, self.emulates, needs);
         let required_ok = needs.required.as_deref().is_none_or(|id| id == self.id);
         platform_ok && required_ok && !needs.exclude.iter().any(|id| id == self.id)
     }
@@ -93,7 +121,7 @@ mod tests {
     use super::*;
 
     fn agent<'a>(id: &'a str, slots: u32, busy: u32, warm: bool) -> Candidate<'a> {
-        Candidate { id, platforms: &[], slots, busy, warm }
+        Candidate { id, platforms: &[], emulates: &[], slots, busy, warm }
     }
 
     const WAIT: Duration = Duration::from_secs(2);
@@ -135,15 +163,31 @@ mod tests {
         let arm = ["linux/arm64".to_string()];
         let amd = ["linux/amd64".to_string()];
         let agents = [
-            Candidate { id: "arm", platforms: &arm, slots: 1, busy: 0, warm: true },
-            Candidate { id: "amd", platforms: &amd, slots: 1, busy: 0, warm: false },
-            Candidate { id: "lost", platforms: &amd, slots: 1, busy: 0, warm: false },
+            Candidate { id: "arm", platforms: &arm, emulates: &[], slots: 1, busy: 0, warm: true },
+            Candidate { id: "amd", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
+            Candidate { id: "lost", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
         ];
-        let needs = Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()] };
+        let needs =
+            Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()], ..Needs::default() };
         assert_eq!(choose(&agents, &needs, Duration::ZERO, WAIT, 0), Choice::On(2));
         let pinned = Needs { required: Some("amd".into()), ..Needs::default() };
         assert_eq!(choose(&agents, &pinned, WAIT, WAIT, 0), Choice::On(1));
         let gone = Needs { required: Some("elsewhere".into()), ..Needs::default() };
         assert_eq!(choose(&agents, &gone, WAIT, WAIT, 0), Choice::Wait);
+    }
+
+    #[test]
+    fn a_foreign_platform_goes_where_its_via_allows() {
+        let amd = ["linux/amd64".to_string()];
+        let arm = ["linux/arm64".to_string()];
+        let agents = [
+            Candidate { id: "plain", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
+            Candidate { id: "qemu", platforms: &amd, emulates: &arm, slots: 1, busy: 1, warm: false },
+        ];
+        let arm64 = |via| Needs { platform: "linux/arm64".into(), via, ..Needs::default() };
+        assert_eq!(choose(&agents, &arm64(Via::Native), WAIT, WAIT, 0), Choice::Wait, "no agent runs it natively");
+        let emulated = [agents[0].clone(), Candidate { busy: 0, ..agents[1].clone() }];
+        assert_eq!(choose(&emulated, &arm64(Via::Emulation), WAIT, WAIT, 0), Choice::On(1), "only the emulating one");
+        assert_eq!(choose(&agents, &arm64(Via::AnyHost), WAIT, WAIT, 0), Choice::On(0), "no RUN: any free host");
     }
 }

@@ -31,7 +31,17 @@ pub(super) fn gather(
     keep: &[String],
     workloads: BTreeMap<StoreId, Vec<String>>,
 ) -> Gathered {
-    let refs = |record: &Record| record.images.iter().map(|image| image.reference.clone()).collect::<Vec<_>>();
+    // A multi-platform image is kept on the build hosts as one image per platform, under refs
+    // derived from its content ref: the record keeps those too.
+    let refs = |record: &Record| {
+        record
+            .images
+            .iter()
+            .flat_map(|image| {
+                std::iter::once(image.reference.clone()).chain(kiln_core::refs::platform_refs(&image.reference))
+            })
+            .collect::<Vec<_>>()
+    };
     let hosts_run_workloads =
         records.iter().any(|(current, _)| current.images.iter().any(|image| image.target == LOCAL_TARGET));
     let records = records
@@ -49,6 +59,8 @@ pub(super) fn gather(
         .map(|claim| claim.reference.clone())
         .collect();
     held.extend(keep.iter().cloned());
+    let platforms: Vec<String> = held.iter().flat_map(|r| kiln_core::refs::platform_refs(r)).collect();
+    held.extend(platforms);
     let roots = Roots {
         records,
         claims: held,

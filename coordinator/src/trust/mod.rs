@@ -139,6 +139,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("/kiln.v1.Kiln/Ps", Rule::Read),
     // Any role reads; the handler answers only the instance's owners (its files' names).
     ("/kiln.v1.Kiln/Why", Rule::Read),
+    ("/kiln.v1.Kiln/ClusterPlatforms", Rule::Read),
     ("/kiln.v1.ContentStore/FindMissing", Rule::Member),
     ("/kiln.v1.ContentStore/Upload", Rule::Member),
     ("/kiln.v1.ContentStore/FindMissingBlobs", Rule::Member),

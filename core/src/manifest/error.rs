@@ -78,6 +78,16 @@ pub enum Problem {
          for this host"
     )]
     EmptyPlatforms,
+    #[error(
+        "platforms = {name:?}: a name says where the set comes from, and only \"cluster\" is known — list the \
+         platforms (platforms = [\"linux/amd64\", \"linux/arm64\"]), or say platforms = \"cluster\""
+    )]
+    PlatformsNamed { name: String },
+    #[error(
+        "platforms = \"cluster\" takes the set from the target's cluster, and a {target} target has none — list \
+         the platforms (platforms = [\"linux/amd64\"]), or deliver to a kind or nodes target"
+    )]
+    ClusterWithoutCluster { target: &'static str },
     #[error("platforms has an invalid entry")]
     BadPlatform {
         #[source]

@@ -10,8 +10,10 @@
 //! team = "payments"                 # optional: the team that owns the instance on a farm
 //! instance = "shop"                 # required: lowercase letters, digits and '-', starting with a
 //!                                   # letter, ending with a letter or digit, at most 63 characters
-//! platforms = ["linux/amd64"]       # optional: os/arch[/variant] or arch[/variant];
-//!                                   # default: linux on this host's architecture
+//! platforms = ["linux/amd64"]       # optional: os/arch[/variant] or arch[/variant], or "cluster":
+//!                                   # the architectures of the target cluster's nodes; default:
+//!                                   # "cluster" for a kind or nodes target, else linux on this
+//!                                   # host's architecture
 //! root = "../.."                    # optional, relative to this file's folder, which it must hold:
 //!                                   # every context and Dockerfile must resolve (symlinks followed)
 //!                                   # inside it; default: the enclosing git work tree (the nearest
@@ -97,6 +99,19 @@ pub use stage::{Stage, OUT as STAGE_OUT};
 use crate::digest::{digest_dir, DigestError, Tree, TreeDigest, WalkOptions};
 use crate::refs::{AddressInputs, ContentTagError, ImageRef, PlatformSet};
 
+/// Where a manifest's platform set comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformSource {
+    /// `platforms = [...]`.
+    Listed,
+    /// No `platforms`, and a target without a cluster: this machine's platform.
+    Host,
+    /// The union of the target cluster's node architectures, as the coordinator sees them:
+    /// `platforms = "cluster"` (`named`), or no `platforms` with a kind or nodes target. A named
+    /// source with no node known fails; an unnamed one keeps this machine's platform.
+    Cluster { named: bool },
+}
+
 /// The manifest's file name inside an instance folder.
 pub const FILE_NAME: &str = "kiln.toml";
 
@@ -112,7 +127,10 @@ pub struct Manifest {
     /// The folder every context and Dockerfile must resolve inside (absolute, symlinks resolved):
     /// `root = "…"`, else the enclosing git work tree, else the manifest's folder.
     pub root: PathBuf,
+    /// The platform set every built image's content tag names. With a cluster source, this
+    /// machine's platform until the cluster's set is known ([`Manifest::with_cluster_platforms`]).
     pub platforms: PlatformSet,
+    pub platform_source: PlatformSource,
     pub target: Target,
     /// The Kubernetes namespace of the `kiln-images` ConfigMap, when set.
     pub namespace: Option<String>,
@@ -123,6 +141,13 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The manifest with the platform set its cluster reported: every built image is addressed
+    /// with it from then on.
+    pub fn with_cluster_platforms(mut self, platforms: PlatformSet) -> Manifest {
+        self.platforms = platforms;
+        self
+    }
+
     /// Reads and resolves `<dir>/kiln.toml`.
     pub fn load(dir: &Path) -> Result<Manifest, ManifestError> {
         let path = dir.join(FILE_NAME);

@@ -25,6 +25,10 @@ pub(super) struct RawManifest {
     pub instance: Option<Spanned<String>>,
     pub team: Option<Spanned<String>>,
     pub platforms: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `platforms = "cluster"`: where that key stands. Read off the document before serde sees
+    /// it, so a list keeps the spans of its entries.
+    #[serde(skip)]
+    pub platforms_from_cluster: Option<Range<usize>>,
     pub root: Option<Spanned<String>>,
     pub target: Option<Spanned<RawTarget>>,
     #[serde(default)]
@@ -87,9 +91,21 @@ pub(super) fn parse(text: &str) -> Result<RawManifest, (Option<Range<usize>>, Bo
         };
         (span, Box::new(Problem::Toml { detail }))
     };
-    let document = DeTable::parse(text).map_err(toml_error)?;
+    let mut document = DeTable::parse(text).map_err(toml_error)?;
     check_keys(document.get_ref())?;
-    RawManifest::deserialize(toml::de::Deserializer::from(document)).map_err(toml_error)
+    let named =
+        document.get_ref().get("platforms").and_then(|v| v.get_ref().as_str().map(|s| (s.to_string(), v.span())));
+    let mut from_cluster = None;
+    if let Some((name, span)) = named {
+        if name != "cluster" {
+            return Err((Some(span), Box::new(Problem::PlatformsNamed { name })));
+        }
+        document.get_mut().remove("platforms");
+        from_cluster = Some(span);
+    }
+    let mut raw = RawManifest::deserialize(toml::de::Deserializer::from(document)).map_err(toml_error)?;
+    raw.platforms_from_cluster = from_cluster;
+    Ok(raw)
 }
 
 /// Reports the unknown key (or `stage` of the wrong shape) that comes first in the file (the

@@ -11,7 +11,7 @@ use super::error::{ManifestError, Problem};
 use super::from::resolve_bases;
 use super::raw::{self, RawBuilt, RawRef, RawTarget};
 use super::root::resolve_root;
-use super::{Image, ImageSpec, Manifest, RegistryPath, Target};
+use super::{Image, ImageSpec, Manifest, PlatformSource, RegistryPath, Target};
 use crate::refs::{self, ImageRef, Platform, PlatformSet};
 
 /// The file being resolved: where errors point and where relative paths start.
@@ -52,9 +52,20 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         }
         None => None,
     };
+    let listed = raw.platforms.is_some();
     let platforms = resolve_platforms(&ctx, raw.platforms)?;
     let root = resolve_root(&ctx, raw.root.as_ref())?;
     let (target, namespace, mirror_registry) = resolve_target(&ctx, raw.target)?;
+    let cluster_target = matches!(target, Target::Kind { .. } | Target::Nodes { .. });
+    let platform_source = match (raw.platforms_from_cluster, listed) {
+        (Some(span), _) if !cluster_target => {
+            return Err(ctx.at(span, Problem::ClusterWithoutCluster { target: target.kind_name() }));
+        }
+        (Some(_), _) => PlatformSource::Cluster { named: true },
+        (None, true) => PlatformSource::Listed,
+        (None, false) if cluster_target => PlatformSource::Cluster { named: false },
+        (None, false) => PlatformSource::Host,
+    };
 
     let mut entries: Vec<(&'static str, Spanned<String>, Range<usize>, Body)> = Vec::new();
     for (name, built) in raw.built {
@@ -102,6 +113,7 @@ pub(super) fn resolve(text: &str, manifest_path: &Path) -> Result<Manifest, Mani
         team,
         root: root.path,
         platforms,
+        platform_source,
         target,
         namespace,
         mirror_registry,

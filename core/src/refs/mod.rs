@@ -13,6 +13,7 @@
 
 pub mod address;
 pub mod mirror;
+pub mod per_platform;
 pub mod platform;
 
 use std::fmt;
@@ -20,6 +21,7 @@ use std::str::FromStr;
 
 pub use address::{content_ref, content_tag, image_address, AddressInputs, ContentTagError, ImageAddress};
 pub use mirror::mirrored;
+pub use per_platform::{platform_ref, platform_refs};
 pub use platform::{Platform, PlatformError, PlatformSet};
 
 /// The registry a ref without a domain names.

@@ -1,13 +1,13 @@
 //! The plain keyed tables: agents as last seen, pins, the context index and store inventories.
 //! Each write replaces (or, for a pin, keeps) the row it names in one statement.
 
-use deadpool_postgres::{GenericClient, Transaction};
+use deadpool_postgres::GenericClient;
 
 use super::{execute, from_json, int, query, query_one, query_opt, to_json, uint, Ctx};
 use crate::model::{AgentId, AgentRole, AgentRow, ContextRow, Inventory, Pin};
 use crate::state::StateError;
 
-pub(super) async fn upsert_agent(tx: &Transaction<'_>, agent: &AgentRow, what: &str) -> Result<(), StateError> {
+pub(super) async fn upsert_agent<C: GenericClient>(tx: &C, agent: &AgentRow, what: &str) -> Result<(), StateError> {
     let stores = to_json(&agent.stores, what)?;
     let platforms = to_json(&agent.platforms, what)?;
     execute(
@@ -55,8 +55,8 @@ pub(super) async fn agents<C: GenericClient>(c: &C, what: &str) -> Result<Vec<Ag
 }
 
 /// Inserts the pin; false when the ref was already pinned (the first pin's time and author stay).
-pub(super) async fn pin(
-    tx: &Transaction<'_>,
+pub(super) async fn pin<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     reference: &str,
     by: &str,
@@ -73,7 +73,7 @@ pub(super) async fn pin(
 }
 
 /// Deletes the pin; false when there was none.
-pub(super) async fn unpin(tx: &Transaction<'_>, reference: &str, what: &str) -> Result<bool, StateError> {
+pub(super) async fn unpin<C: GenericClient>(tx: &C, reference: &str, what: &str) -> Result<bool, StateError> {
     let deleted = execute(tx, "DELETE FROM pins WHERE reference = $1", &[&reference]).await.ctx(what)?;
     Ok(deleted == 1)
 }
@@ -104,7 +104,7 @@ pub(super) async fn missing_contexts<C: GenericClient>(
     Ok(missing)
 }
 
-pub(super) async fn put_context(tx: &Transaction<'_>, context: &ContextRow, what: &str) -> Result<(), StateError> {
+pub(super) async fn put_context<C: GenericClient>(tx: &C, context: &ContextRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO contexts (digest, bytes, stored_at_ms) VALUES ($1, $2, $3) \
@@ -141,8 +141,8 @@ pub(super) async fn contexts<C: GenericClient>(c: &C, what: &str) -> Result<Vec<
 /// against writers first (`SHARE`: claims in flight commit before, new ones wait until after), as
 /// SQLite's write lock does: a converge claims a context before it looks the context up, so either
 /// its claim is seen here, or the row is already gone when it looks and it asks for an upload.
-pub(super) async fn delete_context_unless_claimed(
-    tx: &Transaction<'_>,
+pub(super) async fn delete_context_unless_claimed<C: GenericClient>(
+    tx: &C,
     digest: &str,
     claim: &str,
     now_ms: u64,
@@ -165,8 +165,8 @@ pub(super) async fn delete_context_unless_claimed(
     Ok(deleted > 0)
 }
 
-pub(super) async fn put_context_entries(
-    tx: &Transaction<'_>,
+pub(super) async fn put_context_entries<C: GenericClient>(
+    tx: &C,
     digest: &str,
     stream: &[u8],
     what: &str,
@@ -191,8 +191,8 @@ pub(super) async fn context_entries<C: GenericClient>(
     Ok(row.map(|row| row.get(0)))
 }
 
-pub(super) async fn put_inventory(
-    tx: &Transaction<'_>,
+pub(super) async fn put_inventory<C: GenericClient>(
+    tx: &C,
     store: &str,
     listing: &str,
     listed_ms: u64,

@@ -3,15 +3,15 @@
 //! converge's row `FOR SHARE` until the claims are in, so a finish from another coordinator waits
 //! for them rather than slipping between the check and the insert.
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::GenericClient;
 
 use super::converges::state_of;
 use super::{execute, int, query, uint, Ctx};
 use crate::model::{Claim, ConvergeId, ConvergeState};
 use crate::state::StateError;
 
-pub(super) async fn claim(
-    tx: &Transaction<'_>,
+pub(super) async fn claim<C: GenericClient>(
+    tx: &C,
     id: &ConvergeId,
     refs: &[String],
     expires_ms: u64,
@@ -32,8 +32,8 @@ pub(super) async fn claim(
     Ok(())
 }
 
-pub(super) async fn renew(
-    tx: &Transaction<'_>,
+pub(super) async fn renew<C: GenericClient>(
+    tx: &C,
     id: &ConvergeId,
     expires_ms: u64,
     what: &str,
@@ -46,12 +46,12 @@ pub(super) async fn renew(
     Ok(renewed as usize)
 }
 
-pub(super) async fn release(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<(), StateError> {
+pub(super) async fn release<C: GenericClient>(tx: &C, id: &ConvergeId, what: &str) -> Result<(), StateError> {
     execute(tx, "DELETE FROM claims WHERE converge_id = $1", &[&id.as_str()]).await.ctx(what)?;
     Ok(())
 }
 
-pub(super) async fn live(tx: &Transaction<'_>, now_ms: u64, what: &str) -> Result<Vec<Claim>, StateError> {
+pub(super) async fn live<C: GenericClient>(tx: &C, now_ms: u64, what: &str) -> Result<Vec<Claim>, StateError> {
     execute(tx, "DELETE FROM claims WHERE expires_ms <= $1", &[&int(now_ms)]).await.ctx(what)?;
     let rows = query(
         tx,
@@ -70,7 +70,7 @@ pub(super) async fn live(tx: &Transaction<'_>, now_ms: u64, what: &str) -> Resul
         .collect())
 }
 
-async fn require_running(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<(), StateError> {
+async fn require_running<C: GenericClient>(tx: &C, id: &ConvergeId, what: &str) -> Result<(), StateError> {
     match state_of(tx, id, "FOR SHARE", what).await? {
         None => Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => Ok(()),

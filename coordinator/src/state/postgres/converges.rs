@@ -5,7 +5,7 @@
 //! `last_seq`, bumped by an `UPDATE` that locks the converge's row: gap-free per converge, however
 //! many coordinators' tasks append at once.
 
-use deadpool_postgres::{GenericClient, Transaction};
+use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use super::{execute, from_json, int, query, query_opt, to_json, uint, Ctx};
@@ -17,8 +17,8 @@ const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, req
 /// How often an open retries when the converge it lost to finished before it could be named.
 const OPEN_ATTEMPTS: usize = 3;
 
-pub(super) async fn open(
-    tx: &Transaction<'_>,
+pub(super) async fn open<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     instance: &str,
     requested_by: &str,
@@ -64,8 +64,8 @@ pub(super) async fn open(
     })
 }
 
-pub(super) async fn append_event(
-    tx: &Transaction<'_>,
+pub(super) async fn append_event<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     id: &ConvergeId,
     kind: EventKind,
@@ -75,6 +75,48 @@ pub(super) async fn append_event(
 ) -> Result<Event, StateError> {
     let seq = next_seq(tx, id, what).await?.ok_or_else(|| StateError::UnknownConverge { id: id.clone() })?;
     insert_event(tx, now_ms, id, seq, kind, image, message, what).await
+}
+
+/// Appends `events` in order in one round of statements: the seqs are taken in one bump of
+/// `last_seq` and the rows go in one `INSERT`, so a burst costs what one event costs.
+pub(super) async fn append_events<C: GenericClient>(
+    tx: &C,
+    now_ms: u64,
+    id: &ConvergeId,
+    events: Vec<(EventKind, Option<String>, String)>,
+    what: &str,
+) -> Result<Vec<Event>, StateError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let count = events.len() as u64;
+    let row = query_opt(
+        tx,
+        "UPDATE converges SET last_seq = last_seq + $2 WHERE id = $1 RETURNING last_seq",
+        &[&id.as_str(), &int(count)],
+    )
+    .await
+    .ctx(what)?;
+    let last = row.map(|row| uint(row.get(0))).ok_or_else(|| StateError::UnknownConverge { id: id.clone() })?;
+    let first = last + 1 - count;
+    let seqs: Vec<i64> = (first..=last).map(int).collect();
+    let kinds = events.iter().map(|(kind, _, _)| to_json(kind, what)).collect::<Result<Vec<String>, _>>()?;
+    let images: Vec<Option<&str>> = events.iter().map(|(_, image, _)| image.as_deref()).collect();
+    let messages: Vec<&str> = events.iter().map(|(_, _, message)| message.as_str()).collect();
+    execute(
+        tx,
+        "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) \
+         SELECT $1, e.seq, $3, e.image, e.kind::jsonb, e.message \
+         FROM UNNEST($2::bigint[], $4::text[], $5::text[], $6::text[]) AS e(seq, image, kind, message)",
+        &[&id.as_str(), &seqs, &int(now_ms), &images, &kinds, &messages],
+    )
+    .await
+    .ctx(what)?;
+    Ok(events
+        .into_iter()
+        .zip(first..)
+        .map(|((kind, image, message), seq)| Event { seq, at_ms: now_ms, image, kind, message })
+        .collect())
 }
 
 pub(super) async fn events<C: GenericClient>(
@@ -120,8 +162,8 @@ pub(super) async fn builder_of<C: GenericClient>(
     Ok(row.map(|row| ConvergeId::from(row.get::<_, String>(0))))
 }
 
-pub(super) async fn finish(
-    tx: &Transaction<'_>,
+pub(super) async fn finish<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     id: &ConvergeId,
     state: &ConvergeState,
@@ -166,8 +208,8 @@ pub(super) async fn list<C: GenericClient>(
     query(c, &sql, &[&instance, &limit]).await.ctx(what)?.iter().map(decode).collect()
 }
 
-pub(super) async fn fail_in_flight(
-    tx: &Transaction<'_>,
+pub(super) async fn fail_in_flight<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     reason: &str,
     what: &str,
@@ -190,8 +232,8 @@ pub(super) async fn fail_in_flight(
 }
 
 /// The converge's state, `None` if there is no such converge; `lock` is `FOR UPDATE` or `FOR SHARE`.
-pub(super) async fn state_of(
-    tx: &Transaction<'_>,
+pub(super) async fn state_of<C: GenericClient>(
+    tx: &C,
     id: &ConvergeId,
     lock: &str,
     what: &str,
@@ -202,7 +244,7 @@ pub(super) async fn state_of(
 }
 
 /// Takes the converge's next event seq, locking its row until the transaction ends.
-async fn next_seq(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<Option<u64>, StateError> {
+async fn next_seq<C: GenericClient>(tx: &C, id: &ConvergeId, what: &str) -> Result<Option<u64>, StateError> {
     let row =
         query_opt(tx, "UPDATE converges SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq", &[&id.as_str()])
             .await
@@ -211,8 +253,8 @@ async fn next_seq(tx: &Transaction<'_>, id: &ConvergeId, what: &str) -> Result<O
 }
 
 #[allow(clippy::too_many_arguments)] // one event's columns, and where and why it is written
-async fn insert_event(
-    tx: &Transaction<'_>,
+async fn insert_event<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     id: &ConvergeId,
     seq: u64,

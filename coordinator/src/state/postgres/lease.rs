@@ -28,7 +28,7 @@ const LEASE: &str = "holder, addr, token, floor(extract(epoch FROM expires_at) *
 
 /// Fails unless `held` (this handle's lease) is the farm's current one. A handle that never led
 /// may write only to a database no coordinator ever led (token 0): a lone coordinator, a test.
-pub(super) async fn fence(tx: &Transaction<'_>, held: Option<&Leadership>, what: &str) -> Result<(), StateError> {
+pub(super) async fn fence<C: GenericClient>(tx: &C, held: Option<&Leadership>, what: &str) -> Result<(), StateError> {
     let row = query_one(
         tx,
         "SELECT token, CASE WHEN expires_at > clock_timestamp() THEN addr END FROM leader_lease FOR KEY SHARE",

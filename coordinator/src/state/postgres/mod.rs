@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
@@ -87,6 +87,71 @@ struct Inner {
     applied: Vec<u32>,
     /// The lease this handle acquired: its token goes into every write.
     leadership: Mutex<Option<Leadership>>,
+}
+
+/// A fenced write: runs the future `$op` (its statements on the connection `$c`) in a transaction
+/// that commits only if this handle's lease token is still the farm's current one (or the farm has
+/// never had a leader and this handle claims none).
+///
+/// `BEGIN`, the lease check and the op's first statement are sent to the database together, so a
+/// write of one statement costs two round trips (that, and `COMMIT`) where it cost four. Under a
+/// farm's load each round trip waits for a busy coordinator to be scheduled again; the pool's
+/// connections were held mostly idle in transaction, waiting on this side. The order the three
+/// run in is safe whatever it is: the check holds the lease row `FOR KEY SHARE` until the commit,
+/// and a takeover waits for that lock, so a write that saw the current token commits before any
+/// takeover, and one that saw an old token rolls back whatever it had done.
+macro_rules! fenced {
+    ($store:expr, $what:expr, |$c:ident| $op:expr) => {{
+        let what: &str = $what;
+        let held = $store.held();
+        let open = Open::new($store.client(what).await?);
+        let $c = open.client();
+        // `futures_util::join!` polls in the order written: `BEGIN` goes out first.
+        let (begun, fence, value) =
+            futures_util::join!($c.batch_execute("BEGIN"), lease::fence($c, held.as_ref(), what), $op);
+        open.finish(what, begun.ctx(what).and(fence).and(value)).await
+    }};
+}
+
+/// A connection in a transaction begun by hand. Dropped before it ended (a caller gone mid-write),
+/// the connection leaves the pool rather than hand an open transaction to the next caller.
+struct Open {
+    client: Option<Object>,
+}
+
+impl Open {
+    fn new(client: Object) -> Open {
+        Open { client: Some(client) }
+    }
+
+    fn client(&self) -> &Object {
+        self.client.as_ref().expect("an open transaction has its connection until it ends")
+    }
+
+    /// Commits when `outcome` is a success, rolls back otherwise; the connection goes back to the
+    /// pool either way once the transaction has ended.
+    async fn finish<T>(mut self, what: &str, outcome: Result<T, StateError>) -> Result<T, StateError> {
+        let client = self.client();
+        let ended = match &outcome {
+            Ok(_) => client.batch_execute("COMMIT").await.ctx(what),
+            Err(_) => client.batch_execute("ROLLBACK").await.ctx(what),
+        };
+        if ended.is_ok() {
+            // Ended: the connection is clean and goes back to the pool.
+            drop(self.client.take());
+        }
+        ended?;
+        outcome
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            // Still in a transaction: closed, never reused.
+            drop(Object::take(client));
+        }
+    }
 }
 
 impl PostgresStore {
@@ -137,15 +202,6 @@ impl PostgresStore {
 
     async fn lease_client(&self, what: &str) -> Result<Object, StateError> {
         get(&self.inner.lease_pool, &self.inner.database, what).await
-    }
-
-    /// Opens a write transaction on `client`, fenced: it fails unless this handle's lease token is
-    /// still the farm's current one (or the farm has never had a leader and this handle claims none).
-    async fn write<'c>(&self, client: &'c mut Object, what: &str) -> Result<Transaction<'c>, StateError> {
-        let tx = client.transaction().await.ctx(what)?;
-        let held = self.held();
-        lease::fence(&tx, held.as_ref(), what).await?;
-        Ok(tx)
     }
 
     fn held(&self) -> Option<Leadership> {
@@ -272,10 +328,7 @@ fn to_json<T: serde::Serialize>(value: &T, what: &str) -> Result<String, StateEr
 impl StateStore for PostgresStore {
     async fn upsert_agent(&self, agent: AgentRow) -> Result<(), StateError> {
         let what = format!("saving agent {}", agent.id);
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        catalog::upsert_agent(&tx, &agent, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| catalog::upsert_agent(tx, &agent, &what))
     }
 
     async fn agents(&self) -> Result<Vec<AgentRow>, StateError> {
@@ -306,29 +359,17 @@ impl StateStore for PostgresStore {
     ) -> Result<Generation, StateError> {
         let what = format!("writing the record of instance {instance}");
         let images = to_json(&images, &what)?;
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let generation = records::write(&tx, self.now_ms(), instance, expected, &images, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(generation)
+        fenced!(self, &what, |tx| records::write(tx, self.now_ms(), instance, expected, &images, &what))
     }
 
     async fn delete_record(&self, instance: &str) -> Result<bool, StateError> {
         let what = format!("deleting the record of instance {instance}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let deleted = records::delete(&tx, instance, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(deleted)
+        fenced!(self, &what, |tx| records::delete(tx, instance, &what))
     }
 
     async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StateError> {
         let what = format!("opening a converge of instance {instance}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let converge = converges::open(&tx, self.now_ms(), instance, requested_by, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(converge)
+        fenced!(self, &what, |tx| converges::open(tx, self.now_ms(), instance, requested_by, &what))
     }
 
     async fn append_event(
@@ -339,11 +380,16 @@ impl StateStore for PostgresStore {
         message: &str,
     ) -> Result<Event, StateError> {
         let what = format!("appending an event to converge {converge}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let event = converges::append_event(&tx, self.now_ms(), converge, kind, image, message, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(event)
+        fenced!(self, &what, |tx| converges::append_event(tx, self.now_ms(), converge, kind, image, message, &what))
+    }
+
+    async fn append_events(
+        &self,
+        converge: &ConvergeId,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Vec<Event>, StateError> {
+        let what = format!("appending events to converge {converge}");
+        fenced!(self, &what, |tx| converges::append_events(tx, self.now_ms(), converge, events, &what))
     }
 
     async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StateError> {
@@ -356,10 +402,7 @@ impl StateStore for PostgresStore {
         if state == ConvergeState::Running {
             return Err(StateError::FinishAsRunning { id: converge.clone() });
         }
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        converges::finish(&tx, self.now_ms(), converge, &state, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| converges::finish(tx, self.now_ms(), converge, &state, &what))
     }
 
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
@@ -382,71 +425,42 @@ impl StateStore for PostgresStore {
 
     async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
         let what = "failing converges left running";
-        let mut client = self.client(what).await?;
-        let tx = self.write(&mut client, what).await?;
-        let failed = converges::fail_in_flight(&tx, self.now_ms(), reason, what).await?;
-        tx.commit().await.ctx(what)?;
-        Ok(failed)
+        fenced!(self, what, |tx| converges::fail_in_flight(tx, self.now_ms(), reason, what))
     }
 
     async fn claim(&self, converge: &ConvergeId, refs: &[String], expires_ms: u64) -> Result<(), StateError> {
         let what = format!("claiming refs for converge {converge}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        claims::claim(&tx, converge, refs, expires_ms, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| claims::claim(tx, converge, refs, expires_ms, &what))
     }
 
     async fn renew_claims(&self, converge: &ConvergeId, expires_ms: u64) -> Result<usize, StateError> {
         let what = format!("renewing the claims of converge {converge}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let renewed = claims::renew(&tx, converge, expires_ms, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(renewed)
+        fenced!(self, &what, |tx| claims::renew(tx, converge, expires_ms, &what))
     }
 
     async fn release_claims(&self, converge: &ConvergeId) -> Result<(), StateError> {
         let what = format!("releasing the claims of converge {converge}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        claims::release(&tx, converge, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| claims::release(tx, converge, &what))
     }
 
     async fn live_claims(&self, now_ms: u64) -> Result<Vec<Claim>, StateError> {
         let what = "listing live claims";
-        let mut client = self.client(what).await?;
-        let tx = self.write(&mut client, what).await?;
-        let live = claims::live(&tx, now_ms, what).await?;
-        tx.commit().await.ctx(what)?;
-        Ok(live)
+        fenced!(self, what, |tx| claims::live(tx, now_ms, what))
     }
 
     async fn pin(&self, reference: &str, pinned_by: &str) -> Result<bool, StateError> {
         let what = format!("pinning {reference}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let pinned = catalog::pin(&tx, self.now_ms(), reference, pinned_by, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(pinned)
+        fenced!(self, &what, |tx| catalog::pin(tx, self.now_ms(), reference, pinned_by, &what))
     }
 
     async fn unpin(&self, reference: &str) -> Result<bool, StateError> {
         let what = format!("unpinning {reference}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let unpinned = catalog::unpin(&tx, reference, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(unpinned)
+        fenced!(self, &what, |tx| catalog::unpin(tx, reference, &what))
     }
 
     async fn put_token(&self, token: TokenRow) -> Result<(), StateError> {
         let what = format!("saving token {}", token.id);
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        trust::put_token(&tx, &token, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| trust::put_token(tx, &token, &what))
     }
 
     async fn token(&self, id: &str) -> Result<Option<TokenRow>, StateError> {
@@ -461,37 +475,22 @@ impl StateStore for PostgresStore {
 
     async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
         let what = format!("revoking token {id}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let done = trust::revoke_token(&tx, id, now_ms, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(done)
+        fenced!(self, &what, |tx| trust::revoke_token(tx, id, now_ms, &what))
     }
 
     async fn put_join(&self, join: JoinRow) -> Result<(), StateError> {
         let what = format!("saving join token {}", join.id);
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        trust::put_join(&tx, &join, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| trust::put_join(tx, &join, &what))
     }
 
     async fn use_join(&self, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StateError> {
         let what = format!("using join token {id}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let row = trust::use_join(&tx, id, now_ms, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(row)
+        fenced!(self, &what, |tx| trust::use_join(tx, id, now_ms, &what))
     }
 
     async fn revoke_agent(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
         let what = format!("revoking agent {id}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let done = trust::revoke_agent(&tx, id, now_ms, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(done)
+        fenced!(self, &what, |tx| trust::revoke_agent(tx, id, now_ms, &what))
     }
 
     async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StateError> {
@@ -501,11 +500,7 @@ impl StateStore for PostgresStore {
 
     async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StateError> {
         let what = format!("reading the owner of instance {instance}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let owner = trust::own(&tx, instance, &claim, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(owner)
+        fenced!(self, &what, |tx| trust::own(tx, instance, &claim, &what))
     }
 
     async fn owner(&self, instance: &str) -> Result<Option<Owner>, StateError> {
@@ -515,10 +510,7 @@ impl StateStore for PostgresStore {
 
     async fn append_audit(&self, entry: AuditRow) -> Result<(), StateError> {
         let what = "writing the audit log";
-        let mut client = self.client(what).await?;
-        let tx = self.write(&mut client, what).await?;
-        trust::append_audit(&tx, &entry, what).await?;
-        tx.commit().await.ctx(what)
+        fenced!(self, what, |tx| trust::append_audit(tx, &entry, what))
     }
 
     async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StateError> {
@@ -538,10 +530,7 @@ impl StateStore for PostgresStore {
 
     async fn put_context(&self, context: ContextRow) -> Result<(), StateError> {
         let what = format!("indexing context {}", context.digest);
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        catalog::put_context(&tx, &context, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| catalog::put_context(tx, &context, &what))
     }
 
     async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StateError> {
@@ -556,19 +545,12 @@ impl StateStore for PostgresStore {
 
     async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StateError> {
         let what = format!("collecting context {digest}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        let deleted = catalog::delete_context_unless_claimed(&tx, digest, claim, now_ms, &what).await?;
-        tx.commit().await.ctx(&what)?;
-        Ok(deleted)
+        fenced!(self, &what, |tx| catalog::delete_context_unless_claimed(tx, digest, claim, now_ms, &what))
     }
 
     async fn put_context_entries(&self, digest: &str, stream: Vec<u8>) -> Result<(), StateError> {
         let what = format!("keeping the entry list of context {digest}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        catalog::put_context_entries(&tx, digest, &stream, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| catalog::put_context_entries(tx, digest, &stream, &what))
     }
 
     async fn context_entries(&self, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
@@ -578,10 +560,7 @@ impl StateStore for PostgresStore {
 
     async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StateError> {
         let what = format!("saving the inventory of store {store}");
-        let mut client = self.client(&what).await?;
-        let tx = self.write(&mut client, &what).await?;
-        catalog::put_inventory(&tx, store, &listing_json, listed_ms, &what).await?;
-        tx.commit().await.ctx(&what)
+        fenced!(self, &what, |tx| catalog::put_inventory(tx, store, &listing_json, listed_ms, &what))
     }
 
     async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StateError> {

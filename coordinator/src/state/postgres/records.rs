@@ -4,7 +4,7 @@
 //! nothing. `kiln down` takes the same lock, so a record cannot land on top of a deletion it did
 //! not see.
 
-use deadpool_postgres::{GenericClient, Transaction};
+use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use super::{execute, from_json, int, query, query_one, query_opt, uint, Ctx};
@@ -42,8 +42,8 @@ pub(super) async fn all<C: GenericClient>(c: &C, what: &str) -> Result<Vec<(Reco
     Ok(out)
 }
 
-pub(super) async fn write(
-    tx: &Transaction<'_>,
+pub(super) async fn write<C: GenericClient>(
+    tx: &C,
     now_ms: u64,
     instance: &str,
     expected: Option<Generation>,
@@ -88,7 +88,7 @@ pub(super) async fn write(
     Ok(Generation(uint(generation)))
 }
 
-pub(super) async fn delete(tx: &Transaction<'_>, instance: &str, what: &str) -> Result<bool, StateError> {
+pub(super) async fn delete<C: GenericClient>(tx: &C, instance: &str, what: &str) -> Result<bool, StateError> {
     execute(tx, "SELECT 1 FROM instance_generations WHERE instance = $1 FOR UPDATE", &[&instance]).await.ctx(what)?;
     let deleted = execute(tx, "DELETE FROM records WHERE instance = $1", &[&instance]).await.ctx(what)?;
     Ok(deleted > 0)

@@ -1,7 +1,7 @@
 //! The trust tables on PostgreSQL: user tokens and join tokens (hashes only), revoked agents,
 //! instance owners, and the audit log. Writes are fenced like every other write.
 
-use deadpool_postgres::{GenericClient, Transaction};
+use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use super::{execute, int, query, query_opt, uint, Ctx};
@@ -13,7 +13,7 @@ fn opt_uint(value: Option<i64>) -> Option<u64> {
     value.map(uint)
 }
 
-pub(super) async fn put_token(tx: &Transaction<'_>, t: &TokenRow, what: &str) -> Result<(), StateError> {
+pub(super) async fn put_token<C: GenericClient>(tx: &C, t: &TokenRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO tokens (id, hash, user_name, role, team, created_ms, expires_ms, revoked_ms) \
@@ -60,14 +60,19 @@ pub(super) async fn tokens<C: GenericClient>(c: &C, what: &str) -> Result<Vec<To
     Ok(rows.iter().map(token_row).collect())
 }
 
-pub(super) async fn revoke_token(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<bool, StateError> {
+pub(super) async fn revoke_token<C: GenericClient>(
+    tx: &C,
+    id: &str,
+    now_ms: u64,
+    what: &str,
+) -> Result<bool, StateError> {
     let n = execute(tx, "UPDATE tokens SET revoked_ms = $2 WHERE id = $1 AND revoked_ms IS NULL", &[&id, &int(now_ms)])
         .await
         .ctx(what)?;
     Ok(n == 1)
 }
 
-pub(super) async fn put_join(tx: &Transaction<'_>, j: &JoinRow, what: &str) -> Result<(), StateError> {
+pub(super) async fn put_join<C: GenericClient>(tx: &C, j: &JoinRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO join_tokens (id, hash, role, cluster, created_ms, expires_ms, used_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
@@ -80,8 +85,8 @@ pub(super) async fn put_join(tx: &Transaction<'_>, j: &JoinRow, what: &str) -> R
 
 /// Uses the join token once: its row is locked, so two agents presenting it at once serialize and
 /// the second sees it used.
-pub(super) async fn use_join(
-    tx: &Transaction<'_>,
+pub(super) async fn use_join<C: GenericClient>(
+    tx: &C,
     id: &str,
     now_ms: u64,
     what: &str,
@@ -110,7 +115,12 @@ pub(super) async fn use_join(
     Ok(Some(join))
 }
 
-pub(super) async fn revoke_agent(tx: &Transaction<'_>, id: &str, now_ms: u64, what: &str) -> Result<bool, StateError> {
+pub(super) async fn revoke_agent<C: GenericClient>(
+    tx: &C,
+    id: &str,
+    now_ms: u64,
+    what: &str,
+) -> Result<bool, StateError> {
     let n = execute(
         tx,
         "INSERT INTO revoked_agents (id, revoked_ms) VALUES ($1, $2) \
@@ -127,7 +137,12 @@ pub(super) async fn revoked_agents<C: GenericClient>(c: &C, what: &str) -> Resul
     Ok(rows.iter().map(|r| (r.get(0), uint(r.get(1)))).collect())
 }
 
-pub(super) async fn own(tx: &Transaction<'_>, instance: &str, claim: &Owner, what: &str) -> Result<Owner, StateError> {
+pub(super) async fn own<C: GenericClient>(
+    tx: &C,
+    instance: &str,
+    claim: &Owner,
+    what: &str,
+) -> Result<Owner, StateError> {
     execute(
         tx,
         "INSERT INTO owners (instance, team, user_name) VALUES ($1, $2, $3) ON CONFLICT (instance) DO NOTHING",
@@ -144,7 +159,7 @@ pub(super) async fn owner<C: GenericClient>(c: &C, instance: &str, what: &str) -
     Ok(row.map(|r| Owner { team: r.get(0), user: r.get(1) }))
 }
 
-pub(super) async fn append_audit(tx: &Transaction<'_>, a: &AuditRow, what: &str) -> Result<(), StateError> {
+pub(super) async fn append_audit<C: GenericClient>(tx: &C, a: &AuditRow, what: &str) -> Result<(), StateError> {
     execute(
         tx,
         "INSERT INTO audit (at_ms, actor, action, target, address, outcome) VALUES ($1, $2, $3, $4, $5, $6)",

@@ -1,0 +1,305 @@
+//! Multi-platform images (issue 11): an image whose platform set names several platforms is built
+//! as one task per platform, each placed on an agent that builds that platform natively — or,
+//! failing that, on one that runs it through emulation, or on any host when the Dockerfile runs
+//! nothing (`FROM scratch` + `COPY`, which BuildKit builds for any platform). Each platform's image
+//! wears its platform ref on its build host (`kiln_core::refs::platform_ref`); then
+//!
+//! - `registry`: each is pushed under its platform ref and the index naming them all is put under
+//!   the content tag (`mirror::Registries::assemble_index`) — the ref the record names;
+//! - `nodes`: each node agent imports the image of the platform it announced, under the content
+//!   ref; a node whose platform is not in the set fails the converge before anything is built;
+//! - `local` and `kind`: refused before anything is claimed — a Docker daemon (and the kind node
+//!   containers on it) runs one platform, so a second one would be built for nobody.
+//!
+//! Emulation preflight: before any build, every platform that no connected host builds natively
+//! and whose Dockerfile runs a command must be run by some host's binfmt_misc handlers (agents
+//! announce them in their hello), or the converge fails naming the platform and the fix.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures_util::future::try_join_all;
+use kiln_core::refs::{platform_ref, ImageRef, Platform};
+
+use super::decide::{address_inputs, Decision};
+use super::{Engine, Failure};
+use crate::deliver::{self, DeliverError, NodesDelivered};
+use crate::events::Events;
+use crate::hub::{AgentConn, HeldRef};
+use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
+use crate::plan::{BuildInputs, Target, UpPlan};
+use crate::schedule::Via;
+
+/// Per built image name: each platform of the set and how it may be built.
+pub(super) type Placements = BTreeMap<String, Vec<(String, Via)>>;
+
+/// Whether `plan` builds several platforms per image.
+pub(super) fn multi(plan: &UpPlan) -> bool {
+    plan.platforms.len() > 1
+}
+
+/// The targets that cannot take several platforms, refused before anything is claimed.
+pub(super) fn refuse_target(plan: &UpPlan) -> Result<(), Failure> {
+    let set = plan.platforms.join(", ");
+    match &plan.target {
+        Target::Local => Err(Failure::whole(format!(
+            "target local cannot take platforms {set}: a Docker daemon runs one platform, and every other one \
+             would be built for nobody — list one platform (platforms = [\"{}\"]), or converge to a registry \
+             or nodes target",
+            kiln_core::refs::PlatformSet::host().oci()
+        ))),
+        Target::Kind { cluster } => Err(Failure::whole(format!(
+            "target kind (cluster {cluster}) cannot take platforms {set} yet: its node containers run on one Docker \
+             daemon, of one platform — list that one platform, or converge to a nodes target"
+        ))),
+        Target::Registry { .. } | Target::Nodes { .. } => Ok(()),
+    }
+}
+
+impl Engine {
+    /// `nodes`: every node agent of the cluster must run a platform of the set, or the converge
+    /// fails naming it — before anything is built.
+    pub(super) fn check_nodes(&self, plan: &UpPlan) -> Result<(), Failure> {
+        let Target::Nodes { cluster } = &plan.target else { return Ok(()) };
+        for node in deliver::cluster_nodes(&self.hub, cluster) {
+            if !node.platforms.iter().any(|p| plan.platforms.contains(p)) {
+                return Err(Failure::whole(format!(
+                    "node {} of cluster {cluster} runs {}, which the platforms {} do not include — add it to \
+                     `platforms` in kiln.toml, or take that node out of the cluster",
+                    node.id,
+                    node.platforms.join(", "),
+                    plan.platforms.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// How each platform of each image to be built or delivered may be built, from the host
+    /// agents connected now: the emulation preflight. Fails on the first image with a platform
+    /// nobody can build, naming the platform and the fix, before any build starts.
+    pub(super) async fn place_platforms(
+        &self,
+        plan: &UpPlan,
+        decisions: &[Decision<'_>],
+    ) -> Result<Placements, Failure> {
+        let hosts: Vec<Arc<AgentConn>> = self.hub.connected().into_iter().filter(|a| a.is_host()).collect();
+        let mut placements = Placements::new();
+        for d in decisions.iter().filter(|d| d.action != Action::Skip) {
+            let name = d.image.name.as_str();
+            if !d.inputs.from.is_empty() {
+                return Err(Failure::of(
+                    name,
+                    format!(
+                        "it builds FROM {}, built by this converge: a multi-platform image cannot build FROM \
+                         another one yet (a daemon holds each platform under its own tag) — list one platform, or \
+                         make the base a pinned or brought image",
+                        d.inputs.from.join(", ")
+                    ),
+                ));
+            }
+            let mut runs: Option<bool> = None;
+            let mut vias = Vec::new();
+            for platform in &plan.platforms {
+                let native = hosts.iter().any(|h| h.platforms.is_empty() || h.platforms.contains(platform));
+                let via = if native {
+                    Via::Native
+                } else {
+                    let runs = match runs {
+                        Some(runs) => runs,
+                        None => *runs.insert(self.dockerfile_runs(d.inputs).await),
+                    };
+                    if !runs {
+                        Via::AnyHost
+                    } else if hosts.iter().any(|h| h.emulates.contains(platform)) {
+                        Via::Emulation
+                    } else {
+                        let arch = Platform::parse(platform).map(|p| p.token()).unwrap_or_else(|_| platform.clone());
+                        return Err(Failure::of(
+                            name,
+                            format!(
+                                "platform {platform}: its Dockerfile has RUN steps, and no connected host agent runs \
+                                 {platform}, natively or through emulation — install qemu-user-static and register \
+                                 binfmt handlers, or add an {arch} build host"
+                            ),
+                        ));
+                    }
+                };
+                vias.push((platform.clone(), via));
+            }
+            placements.insert(name.to_string(), vias);
+        }
+        Ok(placements)
+    }
+
+    /// Whether the Dockerfile of `inputs` runs a command; one that cannot be read counts as
+    /// running one, so the preflight never lets a RUN through on a guess.
+    async fn dockerfile_runs(&self, inputs: &BuildInputs) -> bool {
+        if !inputs.dockerfile_outside.is_empty() {
+            return kiln_core::dockerfile::runs_commands(&String::from_utf8_lossy(&inputs.dockerfile_outside));
+        }
+        let (archive, wanted) = (self.contexts.path(&inputs.context), inputs.dockerfile.clone());
+        let read = tokio::task::spawn_blocking(move || read_member(&archive, &wanted)).await;
+        match read {
+            Ok(Some(text)) => kiln_core::dockerfile::runs_commands(&text),
+            _ => true,
+        }
+    }
+
+    /// Builds (or re-delivers) every platform of `d` and puts them together under its content
+    /// ref; returns the image's record entry.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn run_platforms(
+        &self,
+        home: &Arc<AgentConn>,
+        id: &ConvergeId,
+        plan: &UpPlan,
+        d: &Decision<'_>,
+        vias: &[(String, Via)],
+        generation: u64,
+        events: &Events,
+    ) -> Result<RecordedImage, Failure> {
+        let name = d.image.name.as_str();
+        let content = d.image.reference.as_str();
+        let mut images = Vec::with_capacity(vias.len());
+        for (platform, _) in vias {
+            let parsed = Platform::parse(platform).map_err(|err| Failure::of(name, err.to_string()))?;
+            let mut image = d.image.clone();
+            image.reference = platform_ref(content, &parsed);
+            images.push((image, parsed));
+        }
+        let runs = images.iter().zip(vias).map(|((image, _), (platform, via))| async move {
+            let mut pd = Decision {
+                image,
+                inputs: d.inputs,
+                action: d.action,
+                reason: d.reason.clone(),
+                recorded: None,
+                confirming: d.confirming,
+                platform: platform.clone(),
+                via: *via,
+                index: Some(content),
+            };
+            // A delivery again (a recorded `nodes` image) reads the platform's image from a host
+            // that holds it; none does: it is built again, and the reason says it was gone.
+            let holder = match pd.action {
+                Action::Build => None,
+                _ => self.holder(home, &pd.image.reference),
+            };
+            match holder {
+                Some(host) => self.deliver_from(&host, &mut None, id, plan, &pd, generation, events).await,
+                None => {
+                    if pd.action != Action::Build {
+                        pd.action = Action::Build;
+                        pd.reason = Reason::Gone { store: crate::sweep::host_store_of(home), generation };
+                    }
+                    let grant = self.build_placed(id, plan, &pd, &pd.reason, None, events).await?;
+                    let agent = grant.agent.clone();
+                    let mut slot = Some(grant);
+                    self.deliver_from(&agent, &mut slot, id, plan, &pd, generation, events).await
+                }
+            }
+        });
+        let entries = try_join_all(runs).await?;
+        if let Target::Registry { .. } = plan.target {
+            self.push_index(name, content, &images, events).await?;
+        }
+        let entry = RecordedImage {
+            name: d.image.name.clone(),
+            reference: content.to_string(),
+            kind: RecordedKind::Built,
+            target: plan.target.identity(),
+            context: Some(d.inputs.context.to_string()),
+            user: entries.first().and_then(|e| e.user.clone()),
+            inputs: Some(address_inputs(d.inputs, &plan.platforms)),
+            // Each platform is its own image: no one id names them.
+            image_id: None,
+        };
+        Ok(entry)
+    }
+
+    /// The connected host that holds `reference` by the inventories the coordinator keeps:
+    /// `home` first.
+    fn holder(&self, home: &Arc<AgentConn>, reference: &str) -> Option<Arc<AgentConn>> {
+        let held = HeldRef::of(reference);
+        if home.holds(&held) {
+            return Some(home.clone());
+        }
+        self.hub.connected().into_iter().find(|a| a.is_host() && a.holds(&held))
+    }
+
+    async fn push_index(
+        &self,
+        name: &str,
+        content: &str,
+        images: &[(crate::plan::PlanImage, Platform)],
+        events: &Events,
+    ) -> Result<(), Failure> {
+        let unreadable = |r: &str, err: kiln_core::refs::RefError| Failure::of(name, format!("{r}: {err}"));
+        let content_ref = ImageRef::parse(content).map_err(|e| unreadable(content, e))?;
+        let mut parts = Vec::with_capacity(images.len());
+        for (image, platform) in images {
+            let reference = ImageRef::parse(&image.reference).map_err(|e| unreadable(&image.reference, e))?;
+            parts.push(crate::mirror::Part { platform: platform.clone(), reference });
+        }
+        let assembled = self
+            .registries
+            .assemble_index(&content_ref, &parts)
+            .await
+            .map_err(|err| Failure::of(name, format!("index of {content}: {}", kiln_core::error_chain(&err))))?;
+        let tokens: Vec<String> = images.iter().map(|(_, p)| p.token()).collect();
+        events.emit(
+            EventKind::Note,
+            Some(name),
+            format!("index {content} ({}) → {}", tokens.join(", "), assembled.digest),
+        );
+        Ok(())
+    }
+
+    /// `nodes`, one platform of a multi-platform image: the nodes that run `d.platform` import
+    /// the host's platform image under the content ref.
+    pub(super) async fn platform_to_nodes(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        cluster: &str,
+        d: &Decision<'_>,
+        narrate: bool,
+        events: &Events,
+    ) -> Result<NodesDelivered, DeliverError> {
+        let content = d.index.unwrap_or(&d.image.reference);
+        let all = deliver::cluster_nodes(&self.hub, cluster);
+        if all.is_empty() {
+            return Err(deliver::no_nodes(cluster));
+        }
+        let nodes: Vec<Arc<AgentConn>> = all.into_iter().filter(|n| n.platforms.contains(&d.platform)).collect();
+        if nodes.is_empty() {
+            if narrate {
+                let words = format!("no node of {cluster} runs {}: {} goes nowhere", d.platform, d.image.reference);
+                events.emit(EventKind::Note, Some(&d.image.name), words);
+            }
+            return Ok(NodesDelivered::default());
+        }
+        let to = deliver::Nodes { nodes: &nodes, cluster, source: &d.image.reference, reference: content };
+        deliver::deliver_to(&self.relay, host, id.as_str(), to, &d.image.name, narrate, events).await
+    }
+}
+
+/// The text of the file `wanted` (a path relative to the context's root) in the context archive
+/// at `archive`, if it is there and UTF-8.
+fn read_member(archive: &std::path::Path, wanted: &str) -> Option<String> {
+    use std::io::Read;
+    let wanted = wanted.trim_start_matches("./");
+    let file = std::fs::File::open(archive).ok()?;
+    let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+    for entry in tar.entries().ok()? {
+        let mut entry = entry.ok()?;
+        let path = entry.path().ok()?.to_string_lossy().trim_start_matches("./").to_string();
+        if path == wanted {
+            let mut text = String::new();
+            entry.read_to_string(&mut text).ok()?;
+            return Some(text);
+        }
+    }
+    None
+}

@@ -10,10 +10,13 @@
 //! agents verify and unpack it unchanged.
 //!
 //! Blobs are collected by reachability: one is kept while a stored context's entry list names it,
-//! or while it was asked about (`FindMissingBlobs`) or uploaded for a context whose converge holds
-//! a live `kiln-context:<digest>` claim — the upload in flight. Asking, the start of an upload and
-//! a collection all take the content store's landing lock, so a collection sees a registration
-//! entirely before or after it: never a blob reported present and then deleted under its asker.
+//! or while it was asked about (`FindMissingBlobs`) or uploaded for a context that a converge on
+//! this coordinator is waiting for and holds a live `kiln-context:<digest>` claim on — the upload
+//! in flight. Asking, the start of an upload and a collection all take the content store's landing
+//! lock, so a collection sees a hold entirely before or after it: never a blob reported present
+//! and then deleted under its asker. Blobs sent for a context no converge awaits (a tool, a
+//! stray client) are held by nothing until a context names them, so holds never outgrow the
+//! converges waiting for uploads.
 
 use kiln_core::digest::{ContentHash, Entry, EntryKind, TreeDigest};
 use kiln_proto::v1 as pb;
@@ -32,6 +35,33 @@ pub struct Blobs {
     /// Blobs named by a context not yet stored, by that context's digest: held while the
     /// context's claim is live, dropped when the context lands or its claim is gone.
     pending: std::sync::Mutex<HashMap<String, HashSet<[u8; 32]>>>,
+    /// Contexts converges here wait for, with how many converges wait for each.
+    awaited: std::sync::Mutex<HashMap<String, usize>>,
+}
+
+/// A converge's wait for its contexts: while it lives, blobs sent for them are held.
+#[derive(Debug)]
+pub struct Awaiting<'a> {
+    blobs: &'a Blobs,
+    contexts: Vec<String>,
+}
+
+impl Drop for Awaiting<'_> {
+    /// The wait is over (landed, given up or cancelled): what was held for a context nobody else
+    /// waits for is let go, and a stored context's list holds its blobs from here on.
+    fn drop(&mut self) {
+        let mut awaited = self.blobs.awaited.lock().unwrap();
+        let mut pending = self.blobs.pending.lock().unwrap();
+        for context in &self.contexts {
+            if let Some(count) = awaited.get_mut(context) {
+                *count -= 1;
+                if *count == 0 {
+                    awaited.remove(context);
+                    pending.remove(context);
+                }
+            }
+        }
+    }
 }
 
 /// What one `UploadBlobs` call stored.
@@ -53,15 +83,33 @@ impl Blobs {
                 }
             }
         }
-        Ok(Blobs { dir, pending: std::sync::Mutex::new(HashMap::new()) })
+        Ok(Blobs {
+            dir,
+            pending: std::sync::Mutex::new(HashMap::new()),
+            awaited: std::sync::Mutex::new(HashMap::new()),
+        })
     }
 
     pub fn path(&self, hash: &[u8; 32]) -> PathBuf {
         self.dir.join(hex::encode(hash))
     }
 
-    /// Holds `hashes` for `context` until it lands or its claim is gone. Call under the landing lock.
+    /// Marks `contexts` awaited by one more converge until the guard is dropped. Call before the
+    /// client is asked for them, so its first `FindMissingBlobs` already holds.
+    pub fn expect(&self, contexts: &[String]) -> Awaiting<'_> {
+        let mut awaited = self.awaited.lock().unwrap();
+        for context in contexts {
+            *awaited.entry(context.clone()).or_default() += 1;
+        }
+        Awaiting { blobs: self, contexts: contexts.to_vec() }
+    }
+
+    /// Holds `hashes` for `context` until it lands or its wait ends, if a converge awaits it.
+    /// Call under the landing lock.
     pub(crate) fn hold(&self, context: &str, hashes: impl IntoIterator<Item = [u8; 32]>) {
+        if !self.awaited.lock().unwrap().contains_key(context) {
+            return;
+        }
         self.pending.lock().unwrap().entry(context.to_string()).or_default().extend(hashes);
     }
 

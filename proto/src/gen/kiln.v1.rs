@@ -3761,9 +3761,9 @@ pub mod content_store_client {
         /// Per-file uploads (DESIGN.md "The converge", step 4), added after the first release of
         /// kiln.v1: an older coordinator answers UNIMPLEMENTED and the CLI falls back to `Upload`.
         /// The file blobs (by blake3 content hash) of `context` this coordinator lacks. Idempotent.
-        /// Asking holds the blobs named (stored or not) for the context while its converge's claim on
-        /// `kiln-context:<digest>` is live, so a collection never takes one between this answer and
-        /// `PutContext`.
+        /// Asking holds the blobs named (stored or not) for the context while a converge waits for it
+        /// under a live claim on `kiln-context:<digest>`, so a collection never takes one between this
+        /// answer and `PutContext`.
         pub async fn find_missing_blobs(
             &mut self,
             request: impl tonic::IntoRequest<super::FindMissingBlobsRequest>,
@@ -3879,9 +3879,9 @@ pub mod content_store_server {
         /// Per-file uploads (DESIGN.md "The converge", step 4), added after the first release of
         /// kiln.v1: an older coordinator answers UNIMPLEMENTED and the CLI falls back to `Upload`.
         /// The file blobs (by blake3 content hash) of `context` this coordinator lacks. Idempotent.
-        /// Asking holds the blobs named (stored or not) for the context while its converge's claim on
-        /// `kiln-context:<digest>` is live, so a collection never takes one between this answer and
-        /// `PutContext`.
+        /// Asking holds the blobs named (stored or not) for the context while a converge waits for it
+        /// under a live claim on `kiln-context:<digest>`, so a collection never takes one between this
+        /// answer and `PutContext`.
         async fn find_missing_blobs(
             &self,
             request: tonic::Request<super::FindMissingBlobsRequest>,

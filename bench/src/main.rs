@@ -3,6 +3,7 @@
 //! interleaved rounds and prints medians, ratios against the goals, and a markdown table
 //! (BENCHMARKS.md at the repo root records the results). Shared timing code is in [`util`].
 
+mod blob_upload;
 mod converge;
 mod delivery;
 mod digest;
@@ -44,6 +45,8 @@ enum Bench {
     ColdBuild(converge::ColdArgs),
     /// Context upload over loopback (pack, gRPC, verify, store) vs a plain TCP copy; peak RSS.
     Upload(upload::Args),
+    /// Per-file uploads: a one-file edit of a 1 GiB / 2,000-file context vs its first upload; the first vs the archive upload and a TCP copy.
+    BlobUpload(blob_upload::Args),
     /// Delivery to `nodes` and `kind` clusters: an image every node holds; a large image to 3 nodes vs `docker save | ctr import`.
     Delivery(delivery::Args),
     /// What trust costs: a no-op `kiln up` and an upload over TLS with a token vs in plaintext.
@@ -73,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         Bench::NoopUp(args) => converge::noop_up(&args),
         Bench::ColdBuild(args) => converge::cold_build(&args),
         Bench::Upload(args) => upload::run(&args),
+        Bench::BlobUpload(args) => blob_upload::run(&args),
         Bench::Delivery(args) => delivery::run(&args),
         Bench::Trust(args) => trust::run(&args),
         Bench::Farm(args) => farm::farm(&args),

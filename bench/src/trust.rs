@@ -100,6 +100,7 @@ pub fn run(args: &Args) -> Result<()> {
             walk: WalkOptions::default(),
             images: vec!["u".into()],
             archive_bytes: 0,
+            tree: None,
         };
         let credentials = kiln::connect::Credentials {
             ca_pem: ca.map(std::fs::read_to_string).transpose()?,

@@ -85,8 +85,13 @@ pub fn run(args: &Args) -> Result<()> {
     let states = scratch.path().join("states");
     let run_no = Cell::new(0u32);
     let rises = RefCell::new(Vec::new());
-    let source =
-        ContextSource { dir: context.clone(), walk: walk.clone(), images: vec!["bench".to_string()], archive_bytes: 0 };
+    let source = ContextSource {
+        dir: context.clone(),
+        walk: walk.clone(),
+        images: vec!["bench".to_string()],
+        archive_bytes: 0,
+        tree: None,
+    };
     let mut contestants = vec![
         tracked("kiln upload (pack→gRPC→verify→store)", &rises, || {
             run_no.set(run_no.get() + 1);
@@ -269,6 +274,27 @@ impl ContentStore for Sink {
         Ok(Response::new(UploadReply { digest, bytes }))
     }
 
+    async fn find_missing_blobs(
+        &self,
+        _: Request<kiln_proto::v1::FindMissingBlobsRequest>,
+    ) -> Result<Response<kiln_proto::v1::FindMissingBlobsReply>, Status> {
+        Err(Status::unimplemented("the sink takes archives only"))
+    }
+
+    async fn upload_blobs(
+        &self,
+        _: Request<Streaming<kiln_proto::v1::BlobBatch>>,
+    ) -> Result<Response<kiln_proto::v1::UploadBlobsReply>, Status> {
+        Err(Status::unimplemented("the sink takes archives only"))
+    }
+
+    async fn put_context(
+        &self,
+        _: Request<Streaming<kiln_proto::v1::ContextListChunk>>,
+    ) -> Result<Response<UploadReply>, Status> {
+        Err(Status::unimplemented("the sink takes archives only"))
+    }
+
     type DownloadStream = tokio_stream::Empty<Result<DownloadChunk, Status>>;
 
     async fn download(&self, _: Request<DownloadRequest>) -> Result<Response<Self::DownloadStream>, Status> {
@@ -278,7 +304,7 @@ impl ContentStore for Sink {
 
 /// Sends the archive file over a loopback TCP connection to a thread that reads it into a
 /// buffer and drops it; timed from connect to the reader's last byte.
-fn tcp_copy(archive: &Path, bytes: u64) -> Result<Duration> {
+pub(crate) fn tcp_copy(archive: &Path, bytes: u64) -> Result<Duration> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let reader = std::thread::spawn(move || -> std::io::Result<u64> {
@@ -354,7 +380,7 @@ fn check_digest(got: TreeDigest, want: TreeDigest) -> Result<()> {
 }
 
 /// The process's peak resident set so far, in KiB (`VmHWM` in /proc/self/status).
-fn vm_hwm_kib() -> Result<u64> {
+pub(crate) fn vm_hwm_kib() -> Result<u64> {
     let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     status
         .lines()
@@ -363,11 +389,11 @@ fn vm_hwm_kib() -> Result<u64> {
         .context("/proc/self/status has no VmHWM line")
 }
 
-fn mib(kib: u64) -> String {
+pub(crate) fn mib(kib: u64) -> String {
     format!("{:.0} MiB", kib as f64 / 1024.0)
 }
 
-fn gb_per_s(bytes: u64, took: Duration) -> f64 {
+pub(crate) fn gb_per_s(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / took.as_secs_f64() / 1e9
 }
 

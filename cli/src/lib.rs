@@ -29,6 +29,7 @@
 //!
 //! [`CliError::exit`] and [`UpOutcome::exit`] give the code of each outcome.
 
+pub mod blobs;
 pub mod connect;
 pub mod embedded;
 pub mod error;

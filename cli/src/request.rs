@@ -40,6 +40,10 @@ pub struct ContextSource {
     /// About how many bytes its archive takes (each entry's 512-byte header and padded content),
     /// so an upload can show a total, a percentage and a rate.
     pub archive_bytes: u64,
+    /// The addressing walk's entry list, hashed, when it was kept: the per-file upload names its
+    /// blobs from it instead of walking and hashing the context again (each blob is hashed again
+    /// as it is read, so a file edited since is still caught).
+    pub tree: Option<std::sync::Arc<Tree>>,
 }
 
 /// Every built image's context walked: staged first where the manifest says so.
@@ -124,7 +128,8 @@ pub fn plan_up(
     stat_cache: Option<&Path>,
 ) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
-    let walked = walk_built(manifest, stat_cache)?;
+    // The trees are kept: an upload names its blobs from them.
+    let mut walked = walk_built_keeping_trees(manifest, stat_cache)?;
     let mut addressed = manifest.address(&walked.trees())?.into_iter();
     let mut images = Vec::with_capacity(manifest.images.len());
     let mut contexts: BTreeMap<String, ContextSource> = BTreeMap::new();
@@ -138,7 +143,8 @@ pub fn plan_up(
         match &image.spec {
             ImageSpec::Built(_) => {
                 let done = addressed.next().expect("one address per built image");
-                let context = &walked.contexts[done.name];
+                let context = walked.contexts.get_mut(done.name).expect("every built image walked");
+                let tree = context.tree.take().map(std::sync::Arc::new);
                 contexts
                     .entry(done.tree.to_string())
                     .and_modify(|known| known.images.push(done.name.to_string()))
@@ -147,6 +153,7 @@ pub fn plan_up(
                         walk: done.image.walk_options(),
                         images: vec![done.name.to_string()],
                         archive_bytes: context.archive_bytes,
+                        tree,
                     });
                 images.push(wire_built(done));
             }

@@ -173,7 +173,7 @@ pub(crate) async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render)
     let mut stream = response.into_inner();
 
     let (progress_tx, mut progress) = mpsc::unbounded_channel();
-    let mut uploads: JoinSet<(String, Result<u64, UploadError>)> = JoinSet::new();
+    let mut uploads: JoinSet<(String, Result<crate::upload::Uploaded, UploadError>)> = JoinSet::new();
     let mut in_flight: HashSet<String> = HashSet::new();
     let mut events: Vec<Event> = Vec::new();
     let mut interrupted: Option<std::time::Instant> = None;
@@ -245,9 +245,12 @@ pub(crate) async fn converge(link: Link, plan: &UpPlan, render: &mut dyn Render)
             Some(joined) = uploads.join_next(), if !uploads.is_empty() => {
                 let (digest, result) = joined.map_err(|_| CliError::Panicked { what: "upload" })?;
                 in_flight.remove(&digest);
-                if let Err(err) = result {
-                    let dir = plan.contexts.get(&digest).map(|c| c.dir.clone()).unwrap_or_default();
-                    return Err(CliError::Upload { dir, short: digest.chars().take(12).collect(), err: Box::new(err) });
+                match result {
+                    Ok(sent) => render.event(&Event::new(EventKind::Note, "", &sent.words(&digest))).map_err(CliError::Output)?,
+                    Err(err) => {
+                        let dir = plan.contexts.get(&digest).map(|c| c.dir.clone()).unwrap_or_default();
+                        return Err(CliError::Upload { dir, short: digest.chars().take(12).collect(), err: Box::new(err) });
+                    }
                 }
             }
             Some((digest, sent)) = progress.recv() => render.upload_progress(&digest, sent),

@@ -1,5 +1,10 @@
-//! Step 4 of the converge on the CLI's side: upload a context the coordinator lacks, as the
-//! canonical archive, in chunks of at most [`CHUNK`] bytes with the digest on the first.
+//! Step 4 of the converge on the CLI's side: upload a context the coordinator lacks. [`send`]
+//! sends it per file (`crate::blobs`: only the blobs the coordinator lacks, plus the entry list)
+//! and falls back to [`upload`], the canonical archive whole, when the coordinator is older than
+//! per-file uploads or the entry list is too long to keep. The archive path stays for those two:
+//! removing it would strand every context a new coordinator cannot take per file.
+//!
+//! [`upload`] sends the archive in chunks of at most [`CHUNK`] bytes with the digest on the first.
 //!
 //! The archive is never held whole: a blocking thread walks and packs the context into a
 //! [`ChunkWriter`] that hands each chunk to a bounded channel, and the gRPC request stream drains
@@ -215,7 +220,43 @@ pub async fn upload(
     Ok(packed.bytes)
 }
 
-/// [`upload`] on the retry ladder: an upload whose connection was never made (refused, unreachable)
+/// What one context's upload sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Uploaded {
+    Blobs(crate::blobs::Sent),
+    Archive { bytes: u64 },
+}
+
+impl Uploaded {
+    /// The line a converge prints for it: what moved, so a one-file edit visibly sends one blob.
+    pub fn words(&self, digest: &str) -> String {
+        let short: String = digest.chars().take(12).collect();
+        match self {
+            Uploaded::Blobs(sent) => format!(
+                "context {short}: sent {} of {} file blob(s) ({} bytes) and its entry list ({} bytes)",
+                sent.blobs, sent.of, sent.bytes, sent.list_bytes
+            ),
+            Uploaded::Archive { bytes } => format!("context {short}: sent as one archive ({bytes} bytes)"),
+        }
+    }
+}
+
+/// Uploads the context per file, or as one archive when the coordinator cannot take it per file.
+pub async fn send(
+    client: ContentStoreClient<Channel>,
+    digest: String,
+    source: ContextSource,
+    progress: Option<mpsc::UnboundedSender<(String, u64)>>,
+) -> Result<Uploaded, UploadError> {
+    match crate::blobs::upload(client.clone(), &digest, &source, progress.clone()).await? {
+        crate::blobs::Outcome::Sent(sent) => Ok(Uploaded::Blobs(sent)),
+        crate::blobs::Outcome::Fallback => {
+            Ok(Uploaded::Archive { bytes: upload(client, digest, source, progress).await? })
+        }
+    }
+}
+
+/// [`send`] on the retry ladder: an upload whose connection was never made (refused, unreachable)
 /// is an action that was never delivered, so it is sent again, as every call is (DESIGN.md "Talking
 /// across the network"); one that broke after bytes left is not. The routability line is printed
 /// when a retry cost something.
@@ -226,7 +267,7 @@ pub async fn upload_on_ladder(
     progress: Option<mpsc::UnboundedSender<(String, u64)>>,
     url: &str,
     window: std::time::Duration,
-) -> Result<u64, UploadError> {
+) -> Result<Uploaded, UploadError> {
     use kiln_core::retry::{Attempt, Ladder, LadderConfig};
     let mut ladder = Ladder::new(LadderConfig::with_window(window), u64::from(std::process::id()));
     let last = std::sync::Mutex::new(None);
@@ -234,7 +275,7 @@ pub async fn upload_on_ladder(
         let (client, digest, source, progress, last) =
             (client.clone(), digest.clone(), source.clone(), progress.clone(), &last);
         async move {
-            match upload(client, digest, source, progress).await {
+            match send(client, digest, source, progress).await {
                 Ok(bytes) => Ok(bytes),
                 Err(err) => {
                     let retry = matches!(err, UploadError::Broken { never_delivered: true, .. });
@@ -262,7 +303,7 @@ pub async fn upload_on_ladder(
     }
 }
 
-fn wire_error(status: tonic::Status) -> UploadError {
+pub(crate) fn wire_error(status: tonic::Status) -> UploadError {
     if status.code() == tonic::Code::Unavailable {
         let never_delivered = crate::connect::never_delivered(&status);
         UploadError::Broken { reason: crate::connect::reason(&status), never_delivered }
@@ -287,8 +328,13 @@ mod tests {
         std::fs::write(tmp.path().join("etc/small"), "x").unwrap();
         let walk = WalkOptions { dockerfile: Some("Dockerfile".into()) };
         let (_, digest) = digest_dir(tmp.path(), &walk).unwrap();
-        let source =
-            ContextSource { dir: tmp.path().to_path_buf(), walk, images: vec!["app".into()], archive_bytes: 0 };
+        let source = ContextSource {
+            dir: tmp.path().to_path_buf(),
+            walk,
+            images: vec!["app".into()],
+            archive_bytes: 0,
+            tree: None,
+        };
         (tmp, source, digest)
     }
 

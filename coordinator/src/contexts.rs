@@ -1,9 +1,12 @@
-//! The content store: build contexts as canonical archives, one file per tree digest, so a second
-//! developer converging the same sources uploads nothing.
+//! The content store: build contexts by tree digest, so a second developer converging the same
+//! sources uploads nothing. A context is stored either as its entry list (`<digest>.list`) over
+//! file blobs by content hash (`blobs/`, [`crate::blobs`]: what the CLI sends, only the blobs the
+//! store lacks), or whole as a canonical archive (`<digest>.tar`: the `Upload` of a CLI older than
+//! per-file uploads, or of a context whose entry list passes [`ENTRY_LIST_MAX`]).
 //!
-//! An upload is accepted only after `kiln_core::archive::verify` has walked every entry and
-//! recomputed the digest: an archive that does not hold the tree it claims is refused before it
-//! is stored, so nothing is ever built from it.
+//! An archive upload is accepted only after `kiln_core::archive::verify` has walked every entry and
+//! recomputed the digest; a per-file one only once its list hashes to the digest and every blob
+//! was hashed as it arrived. Either way nothing is stored under a digest it does not hold.
 
 use crate::model::ContextRow;
 use crate::state::StateStore;
@@ -44,13 +47,17 @@ pub struct Contexts {
     /// `Config::max_upload_bytes`: an upload is refused the moment it passes this.
     max_upload_bytes: u64,
     metrics: Arc<crate::metrics::Metrics>,
+    pub(crate) blobs: crate::blobs::Blobs,
 }
 
 /// What a collection of the content store took.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Collected {
     pub contexts: u64,
+    /// Bytes of contexts and of blobs taken.
     pub bytes: u64,
+    /// File blobs no stored context names and no upload in flight holds.
+    pub blobs: u64,
 }
 
 impl std::fmt::Debug for Contexts {
@@ -78,7 +85,9 @@ impl Contexts {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
+        let blobs = crate::blobs::Blobs::open(dir.join("blobs"), clean_up)?;
         Ok(Contexts {
+            blobs,
             dir,
             store,
             arrived: tokio::sync::broadcast::channel(1024).0,
@@ -118,12 +127,141 @@ impl Contexts {
                 }
                 if let Ok(digest) = row.digest.parse::<TreeDigest>() {
                     let _ = tokio::fs::remove_file(self.path(&digest)).await;
+                    let _ = tokio::fs::remove_file(self.list_path(&digest)).await;
                 }
             }
             collected.contexts += 1;
             collected.bytes += row.bytes;
         }
+        let (blobs, bytes) = self.collect_blobs(&claims, keep, dry_run).await?;
+        collected.blobs = blobs;
+        collected.bytes += bytes;
         Ok(collected)
+    }
+
+    /// The blob half of [`Contexts::collect`]: every blob no context still stored names (in a dry
+    /// run, none that would stay) and no upload in flight under a live claim holds.
+    async fn collect_blobs(
+        &self,
+        claims: &std::collections::HashSet<String>,
+        keep: &std::collections::HashSet<String>,
+        dry_run: bool,
+    ) -> Result<(u64, u64), crate::state::StateError> {
+        let _landing = self.landing.lock().await;
+        let mut reachable = std::collections::HashSet::new();
+        for row in self.store.contexts().await? {
+            let claim = format!("{}{}", crate::engine::CONTEXT_CLAIM_PREFIX, row.digest);
+            let stays = !dry_run || keep.contains(&row.digest) || claims.contains(&claim);
+            let Ok(digest) = row.digest.parse::<TreeDigest>() else { continue };
+            if !stays {
+                continue;
+            }
+            if let Some(entries) = self.entries(&digest).await? {
+                reachable.extend(crate::blobs::named(&entries));
+            }
+        }
+        let live = |context: &str| claims.contains(&format!("{}{context}", crate::engine::CONTEXT_CLAIM_PREFIX));
+        // A blob directory that cannot be listed collects nothing this time; the contexts were.
+        Ok(self.blobs.collect(&reachable, &live, dry_run).unwrap_or_else(|err| {
+            tracing::warn!(dir = %self.blobs.dir().display(), error = %err, "blobs not collected");
+            (0, 0)
+        }))
+    }
+
+    /// Where a context stored as an entry list over blobs keeps its list (its presence marks the
+    /// context stored on this coordinator's disk, as `<digest>.tar` does for a whole archive).
+    pub fn list_path(&self, digest: &TreeDigest) -> PathBuf {
+        self.dir.join(format!("{digest}.list"))
+    }
+
+    /// The blobs among `hashes` not stored, held for `context` until it lands or its claim goes.
+    pub async fn find_missing_blobs(&self, context: &str, hashes: Vec<[u8; 32]>) -> Result<Vec<[u8; 32]>, Status> {
+        crate::blobs::context_digest(context)?;
+        if hashes.len() > crate::blobs::FIND_MAX {
+            return Err(Status::invalid_argument(format!(
+                "{} hashes asked at once; ask at most {} per call",
+                hashes.len(),
+                crate::blobs::FIND_MAX
+            )));
+        }
+        let _landing = self.landing.lock().await;
+        self.blobs.hold(context, hashes.iter().copied());
+        Ok(self.blobs.missing(&hashes))
+    }
+
+    /// Stores one `UploadBlobs` stream's blobs, each hashed as it arrives.
+    async fn accept_blobs(
+        self: &Arc<Self>,
+        mut batches: Streaming<pb::BlobBatch>,
+    ) -> Result<crate::blobs::Received, Status> {
+        let Some(first) = batches.message().await? else { return Ok(Default::default()) };
+        crate::blobs::context_digest(&first.context)?;
+        {
+            let _landing = self.landing.lock().await;
+            self.blobs.hold(&first.context, first.pieces.iter().filter_map(|p| p.hash.as_slice().try_into().ok()));
+        }
+        let context = first.context.clone();
+        let (tx, rx) = std::sync::mpsc::sync_channel::<pb::BlobBatch>(8);
+        let me = self.clone();
+        let max = self.max_upload_bytes;
+        let writer = tokio::task::spawn_blocking(move || me.blobs.receive(rx, max));
+        let mut next = Some(first);
+        loop {
+            let batch = match next.take() {
+                Some(b) => b,
+                None => match batches.message().await {
+                    Ok(Some(b)) => b,
+                    Ok(None) => break,
+                    Err(status) => {
+                        drop(tx);
+                        let _ = writer.await;
+                        return Err(status);
+                    }
+                },
+            };
+            // Every blob is held before it can be renamed into the store (see `crate::blobs`).
+            {
+                let _landing = self.landing.lock().await;
+                self.blobs.hold(&context, batch.pieces.iter().filter_map(|p| p.hash.as_slice().try_into().ok()));
+            }
+            if tx.send(batch).is_err() {
+                break; // the writer stopped: its verdict says why
+            }
+        }
+        drop(tx);
+        let received = writer.await.map_err(|e| Status::internal(e.to_string()))??;
+        self.metrics.uploaded_bytes.inc_by(received.bytes);
+        Ok(received)
+    }
+
+    /// Stores `digest` as its entry list `list` over blobs the store holds.
+    pub async fn put_list(&self, digest: TreeDigest, list: Vec<u8>) -> Result<u64, Status> {
+        let entries = kiln_core::digest::list::decode_for(&list, &digest).map_err(|err| {
+            Status::invalid_argument(format!(
+                "entry list of context {digest} refused: {}",
+                kiln_core::error_chain(&err)
+            ))
+        })?;
+        let landing = self.landing.lock().await;
+        if let Some((entry, count)) = self.blobs.first_absent(&entries) {
+            return Err(Status::failed_precondition(format!(
+                "context {digest}: {count} file blob(s) it names are not stored (first: {}) — upload them                  (ContentStore.UploadBlobs) and put the context again",
+                String::from_utf8_lossy(&entry.path)
+            )));
+        }
+        let bytes = kiln_core::archive::packed_size(&entries);
+        let io = |e: std::io::Error| Status::internal(format!("storing context {digest}: {e}"));
+        let internal = |e: crate::state::StateError| Status::internal(e.to_string());
+        self.store.put_context_entries(&digest.to_string(), list.clone()).await.map_err(internal)?;
+        let tmp = self.dir.join(format!(".upload-{digest}-{:08x}.list", fastrand::u32(..)));
+        tokio::fs::write(&tmp, &list).await.map_err(io)?;
+        tokio::fs::rename(&tmp, self.list_path(&digest)).await.map_err(io)?;
+        let row = ContextRow { digest: digest.to_string(), bytes, stored_at_ms: 0 };
+        self.store.put_context(row).await.map_err(internal)?;
+        self.blobs.landed(&digest.to_string());
+        drop(landing);
+        let _ = self.arrived.send(digest.to_string());
+        Ok(bytes)
     }
 
     pub fn path(&self, digest: &TreeDigest) -> PathBuf {
@@ -135,7 +273,8 @@ impl Contexts {
         let unknown = self.store.missing_contexts(digests).await.map_err(|e| Status::internal(e.to_string()))?;
         let mut missing = Vec::new();
         for d in digests {
-            let on_disk = d.parse::<TreeDigest>().map(|t| self.path(&t).is_file()).unwrap_or(false);
+            let on_disk =
+                d.parse::<TreeDigest>().is_ok_and(|t| self.path(&t).is_file() || self.list_path(&t).is_file());
             if (unknown.contains(d) || !on_disk) && !missing.contains(d) {
                 missing.push(d.clone());
             }
@@ -162,6 +301,7 @@ impl Contexts {
     /// Drops a stored context whose bytes an agent refused, so `missing` asks for it again.
     pub async fn forget(&self, digest: &TreeDigest) {
         let _ = tokio::fs::remove_file(self.path(digest)).await;
+        let _ = tokio::fs::remove_file(self.list_path(digest)).await;
     }
 
     /// Waits until every digest is stored, or `timeout` passes; returns those still missing.
@@ -269,6 +409,81 @@ impl Contexts {
     }
 }
 
+impl Contexts {
+    /// Streams the canonical archive of a context stored as an entry list over blobs, assembled
+    /// as it is sent. A blob missing or not its hash's fails the download and forgets the context
+    /// (and the lying blob), so the next converge asks the CLI for them again.
+    async fn download_assembled(
+        self: Arc<Self>,
+        digest: TreeDigest,
+    ) -> Result<Response<ReceiverStream<Result<pb::DownloadChunk, Status>>>, Status> {
+        let list = tokio::fs::read(self.list_path(&digest)).await.map_err(|_| {
+            Status::not_found(format!("context {digest} is not stored — re-run `kiln up` to upload it"))
+        })?;
+        let entries = kiln_core::digest::list::decode_for(&list, &digest).map_err(|e| {
+            Status::internal(format!("kept entry list of context {digest}: {}", kiln_core::error_chain(&e)))
+        })?;
+        let (tx, rx) = mpsc::channel(4);
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            let out = ChunkSender { tx: tx.clone(), buf: Vec::with_capacity(CHUNK) };
+            let result = self.blobs.assemble(&entries, out);
+            if let Err(err) = result {
+                if let kiln_core::archive::ArchiveError::Refused { path, .. } = &err {
+                    if let Some(hash) =
+                        entries.iter().find(|e| String::from_utf8_lossy(&e.path) == *path).and_then(|e| e.hash)
+                    {
+                        self.blobs.forget(&hash);
+                    }
+                }
+                tracing::warn!(%digest, error = %kiln_core::error_chain(&err), "a stored context could not be assembled; forgotten");
+                handle.block_on(self.forget(&digest));
+                let message = format!(
+                    "assembling context {digest}: {} — re-run `kiln up` to upload it again",
+                    kiln_core::error_chain(&err)
+                );
+                let _ = tx.blocking_send(Err(Status::internal(message)));
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// A `Write` that sends what is written as `DownloadChunk`s of [`CHUNK`] bytes, blocking while
+/// the stream's channel is full.
+struct ChunkSender {
+    tx: mpsc::Sender<Result<pb::DownloadChunk, Status>>,
+    buf: Vec<u8>,
+}
+
+impl ChunkSender {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let data = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
+        self.tx
+            .blocking_send(Ok(pb::DownloadChunk { data: data.into() }))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the download was dropped"))
+    }
+}
+
+impl std::io::Write for ChunkSender {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = bytes.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&bytes[..n]);
+        if self.buf.len() == CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    /// `pack_with` flushes once, at the end: the last short chunk goes then.
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
+}
+
 /// `8 GiB`, `10 MiB`, `1500 bytes`: a limit as its reader would write it.
 fn shown_bytes(bytes: u64) -> String {
     match bytes {
@@ -373,6 +588,59 @@ impl pb::content_store_server::ContentStore for ContentService {
         Ok(Response::new(pb::UploadReply { digest: digest.to_string(), bytes }))
     }
 
+    async fn find_missing_blobs(
+        &self,
+        request: Request<pb::FindMissingBlobsRequest>,
+    ) -> Result<Response<pb::FindMissingBlobsReply>, Status> {
+        let request = request.into_inner();
+        let hashes = request
+            .hashes
+            .iter()
+            .map(|h| {
+                <[u8; 32]>::try_from(h.as_slice()).map_err(|_| {
+                    Status::invalid_argument(format!(
+                        "a hash of {} bytes was asked about; blake3 hashes are 32",
+                        h.len()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let missing = self.contexts.find_missing_blobs(&request.context, hashes).await?;
+        Ok(Response::new(pb::FindMissingBlobsReply { missing: missing.into_iter().map(|h| h.to_vec()).collect() }))
+    }
+
+    async fn upload_blobs(
+        &self,
+        request: Request<Streaming<pb::BlobBatch>>,
+    ) -> Result<Response<pb::UploadBlobsReply>, Status> {
+        let received = self.contexts.accept_blobs(request.into_inner()).await?;
+        Ok(Response::new(pb::UploadBlobsReply { blobs: received.blobs, bytes: received.bytes }))
+    }
+
+    async fn put_context(
+        &self,
+        request: Request<Streaming<pb::ContextListChunk>>,
+    ) -> Result<Response<pb::UploadReply>, Status> {
+        let mut chunks = request.into_inner();
+        let first = chunks.message().await?.ok_or_else(|| Status::invalid_argument("PutContext carried no chunk"))?;
+        let digest: TreeDigest = first
+            .digest
+            .parse()
+            .map_err(|e: kiln_core::digest::DigestParseError| Status::invalid_argument(e.to_string()))?;
+        let mut list = first.entries.to_vec();
+        while let Some(chunk) = chunks.message().await? {
+            if list.len() + chunk.entries.len() > ENTRY_LIST_MAX {
+                return Err(Status::resource_exhausted(format!(
+                    "entry list of context {digest} passes {} MiB — upload it as an archive (ContentStore.Upload)",
+                    ENTRY_LIST_MAX >> 20
+                )));
+            }
+            list.extend_from_slice(&chunk.entries);
+        }
+        let bytes = self.contexts.put_list(digest, list).await?;
+        Ok(Response::new(pb::UploadReply { digest: digest.to_string(), bytes }))
+    }
+
     type DownloadStream = ReceiverStream<Result<pb::DownloadChunk, Status>>;
 
     async fn download(&self, request: Request<pb::DownloadRequest>) -> Result<Response<Self::DownloadStream>, Status> {
@@ -382,6 +650,9 @@ impl pb::content_store_server::ContentStore for ContentService {
             want.parse().map_err(|e: kiln_core::digest::DigestParseError| Status::invalid_argument(e.to_string()))?;
         self.may_download(&principal, &want).await?;
         let path = self.contexts.path(&digest);
+        if !path.is_file() && self.contexts.list_path(&digest).is_file() {
+            return self.contexts.clone().download_assembled(digest).await;
+        }
         let mut file = tokio::fs::File::open(&path).await.map_err(|_| {
             Status::not_found(format!("context {digest} is not stored — re-run `kiln up` to upload it"))
         })?;

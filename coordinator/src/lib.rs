@@ -33,6 +33,7 @@ mod address;
 pub mod plan;
 
 mod api;
+mod blobs;
 mod cluster;
 mod contexts;
 mod convert;

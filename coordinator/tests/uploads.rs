@@ -44,12 +44,15 @@ impl Served {
         kib * 1024
     }
 
-    /// Every file in the content store's directory: what an upload left behind.
+    /// Every file in the content store's directory and its blob directory: what an upload left behind.
     fn stored_files(&self) -> Vec<PathBuf> {
-        match std::fs::read_dir(self.state.path().join("contexts")) {
-            Ok(dir) => dir.map(|e| e.unwrap().path()).collect(),
-            Err(_) => Vec::new(),
-        }
+        let contexts = self.state.path().join("contexts");
+        [contexts.clone(), contexts.join("blobs")]
+            .iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flat_map(|dir| dir.map(|e| e.unwrap().path()))
+            .filter(|path| !path.is_dir())
+            .collect()
     }
 
     async fn missing(&self, digest: &str) -> Vec<String> {

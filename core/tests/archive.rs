@@ -341,3 +341,52 @@ fn a_directory_or_symlink_with_content_is_refused() {
     let archive = Hostile::new().entry(b"l", tar::EntryType::Symlink, b"x", b"data").done();
     assert_refused(archive, "carries content");
 }
+
+/// Blobs by content hash, as a content store keeps them, read by `pack_with`.
+fn blob_reader(
+    blobs: &std::collections::HashMap<[u8; 32], Vec<u8>>,
+) -> impl FnMut(&kiln_core::digest::Entry) -> Result<Box<dyn std::io::Read>, ArchiveError> + '_ {
+    move |entry| Ok(Box::new(std::io::Cursor::new(blobs[&entry.hash.unwrap().0].clone())))
+}
+
+#[test]
+fn an_archive_assembled_from_the_entry_list_and_blobs_is_the_one_packed_from_the_folder() {
+    let tmp = TempDir::new().unwrap();
+    sample_tree(tmp.path());
+    let (packed, digest) = packed_bytes(tmp.path());
+    let (tree, _) = digest_dir(tmp.path(), &WalkOptions::default()).unwrap();
+    let mut blobs = std::collections::HashMap::new();
+    for entry in tree.entries.iter().filter(|e| e.hash.is_some()) {
+        let path = tmp.path().join(String::from_utf8(entry.path.clone()).unwrap());
+        blobs.insert(entry.hash.unwrap().0, fs::read(path).unwrap());
+    }
+    // Only the list travels: decoded, it carries no stat and no root.
+    let list = kiln_core::digest::list::encode(&tree.entries).unwrap();
+    let entries = kiln_core::digest::list::decode_for(&list, &digest).unwrap();
+    let mut assembled = Vec::new();
+    let done =
+        kiln_core::archive::pack_with(Path::new("blobs"), &entries, &mut blob_reader(&blobs), &mut assembled).unwrap();
+    assert_eq!(done.digest, digest);
+    assert_eq!(assembled, packed, "byte for byte the archive the CLI packs");
+    assert_eq!(kiln_core::archive::packed_size(&entries), packed.len() as u64);
+}
+
+#[test]
+fn a_blob_that_is_not_its_hashs_bytes_is_refused_while_assembling() {
+    let tmp = TempDir::new().unwrap();
+    sample_tree(tmp.path());
+    let (tree, _) = digest_dir(tmp.path(), &WalkOptions::default()).unwrap();
+    let mut blobs = std::collections::HashMap::new();
+    for entry in tree.entries.iter().filter(|e| e.hash.is_some()) {
+        let path = tmp.path().join(String::from_utf8(entry.path.clone()).unwrap());
+        let mut bytes = fs::read(path).unwrap();
+        if entry.path == b"src/main.txt" {
+            bytes[0] ^= 1; // same length, other bytes
+        }
+        blobs.insert(entry.hash.unwrap().0, bytes);
+    }
+    let err =
+        kiln_core::archive::pack_with(Path::new("blobs"), &tree.entries, &mut blob_reader(&blobs), std::io::sink())
+            .unwrap_err();
+    assert!(matches!(&err, ArchiveError::Refused { path, .. } if path == "src/main.txt"), "{err}");
+}

@@ -32,6 +32,8 @@ fn committed_code_matches_the_protos() {
         .build_transport(false)
         .bytes(".kiln.v1.UploadChunk.data")
         .bytes(".kiln.v1.DownloadChunk.data")
+        .bytes(".kiln.v1.BlobPiece.data")
+        .bytes(".kiln.v1.ContextListChunk.entries")
         .bytes(".kiln.v1.RelayChunk.data")
         .compile_protos(&[root.join("kiln/v1/kiln.proto")], &includes)
         .unwrap();

@@ -72,13 +72,18 @@ fn expected(path: &str, caller: Caller) -> Verdict {
         | "/kiln.v1.Kiln/Pins"
         | "/kiln.v1.Kiln/Audit"
         | "/kiln.v1.Kiln/WhoAmI"
-        | "/kiln.v1.Kiln/Ps" => user,
+        | "/kiln.v1.Kiln/Ps"
+        | "/kiln.v1.Kiln/ClusterPlatforms" => user,
         // Why: any user reaches the handler, which answers only the instance's owners.
         "/kiln.v1.Kiln/Why" => user,
         // Cancel: a member, of converges of instances it owns (the handler checks the owner).
         "/kiln.v1.Kiln/Up" | "/kiln.v1.Kiln/Down" | "/kiln.v1.Kiln/Cancel" => member,
         "/kiln.v1.Kiln/Gc" | "/kiln.v1.Kiln/Pin" | "/kiln.v1.Kiln/Unpin" => caller == Admin,
         "/kiln.v1.ContentStore/FindMissing" | "/kiln.v1.ContentStore/Upload" => member,
+        // Per-file uploads: the same door as `Upload`.
+        "/kiln.v1.ContentStore/FindMissingBlobs"
+        | "/kiln.v1.ContentStore/UploadBlobs"
+        | "/kiln.v1.ContentStore/PutContext" => member,
         "/kiln.v1.ContentStore/Download" => member || caller == HostAgent,
         "/kiln.v1.ImageRelay/Put" => caller == HostAgent,
         "/kiln.v1.ImageRelay/Get" => caller == NodeAgent,

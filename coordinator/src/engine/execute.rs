@@ -71,6 +71,8 @@ impl Engine {
         if missing.is_empty() {
             return Ok(());
         }
+        // Before asking: blobs the client reports or sends for them are held from its first call.
+        let _awaiting = self.contexts.blobs.expect(&missing);
         events.need_contexts(&missing);
         let still =
             self.contexts.wait_for(&missing, UPLOAD_WAIT).await.map_err(|s| Failure::whole(s.message().to_string()))?;

@@ -285,10 +285,14 @@ async fn collect_contexts(
         return;
     }
     match engine.contexts.collect(&contexts_kept(records), now_ms(), options.dry_run).await {
-        Ok(done) if done.contexts > 0 || options.narrate => {
+        Ok(done) if done.contexts > 0 || done.blobs > 0 || options.narrate => {
             let kind = EventKind::ContextsCollected { count: done.contexts, bytes: done.bytes };
             let verb = if options.dry_run { "would collect" } else { "collected" };
-            events.emit(kind, None, format!("{verb} {} uploaded context(s)", done.contexts));
+            let blobs = match done.blobs {
+                0 => String::new(),
+                n => format!(" and {n} file blob(s) no context names"),
+            };
+            events.emit(kind, None, format!("{verb} {} uploaded context(s){blobs}", done.contexts));
         }
         Ok(_) => {}
         Err(err) => {

@@ -18,7 +18,7 @@ mod ustar;
 
 pub use unpack::{unpack, verify, verify_listed, Unpacked, ENTRY_METADATA_MAX};
 
-use crate::digest::{EntryKind, StreamHasher, Tree, TreeDigest};
+use crate::digest::{Entry, EntryKind, StreamHasher, Tree, TreeDigest};
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -82,10 +82,39 @@ pub struct Packed {
 /// The digest is recomputed from the bytes actually packed, so a caller that compares it with the
 /// digest it addressed the image by catches a file edited between the two reads.
 pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
+    let mut files = |entry: &Entry| -> Result<Box<dyn Read>, ArchiveError> {
+        let shown = || String::from_utf8_lossy(&entry.path).into_owned();
+        let on_disk = tree.root.join(OsStr::from_bytes(&entry.path));
+        let read_err = |err| ArchiveError::Read { root: tree.root.clone(), path: shown(), err };
+        let file = File::open(&on_disk).map_err(read_err)?;
+        let actual = file.metadata().map_err(read_err)?.len();
+        if actual != entry.size {
+            return Err(ArchiveError::Changed { root: tree.root.clone(), path: shown(), expected: entry.size, actual });
+        }
+        Ok(Box::new(file))
+    };
+    pack_with(&tree.root, &tree.entries, &mut files, out)
+}
+
+/// Where [`pack_with`] reads a file entry's contents from.
+pub type OpenFile<'a> = dyn FnMut(&Entry) -> Result<Box<dyn Read>, ArchiveError> + 'a;
+
+/// Packs `entries` (canonical order) into the canonical archive, reading each file's contents from
+/// `open` — the context's folder ([`pack`]), or a content store's blobs by hash. The bytes are the
+/// same either way, so an archive assembled from blobs is the archive the CLI would have packed.
+///
+/// A file whose bytes do not hash to the entry's content hash (when the entry carries one) is
+/// refused as it is packed: an assembled archive never carries a blob that lies about its hash.
+pub fn pack_with(
+    root: &std::path::Path,
+    entries: &[Entry],
+    open: &mut OpenFile<'_>,
+    out: impl Write,
+) -> Result<Packed, ArchiveError> {
     let mut out = CountingWriter { inner: out, count: 0 };
     let mut hasher = StreamHasher::new();
     let mut buf = vec![0u8; 256 * 1024];
-    for entry in &tree.entries {
+    for entry in entries {
         let shown = || String::from_utf8_lossy(&entry.path).into_owned();
         match entry.kind {
             EntryKind::Dir => {
@@ -98,18 +127,8 @@ pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
                     .map_err(ArchiveError::Write)?;
             }
             EntryKind::File | EntryKind::ExecFile => {
-                let on_disk = tree.root.join(OsStr::from_bytes(&entry.path));
-                let read_err = |err| ArchiveError::Read { root: tree.root.clone(), path: shown(), err };
-                let mut file = File::open(&on_disk).map_err(read_err)?;
-                let actual = file.metadata().map_err(read_err)?.len();
-                if actual != entry.size {
-                    return Err(ArchiveError::Changed {
-                        root: tree.root.clone(),
-                        path: shown(),
-                        expected: entry.size,
-                        actual,
-                    });
-                }
+                let mut file = open(entry)?;
+                let read_err = |err| ArchiveError::Read { root: root.to_path_buf(), path: shown(), err };
                 hasher.file(&entry.path, entry.kind == EntryKind::ExecFile, entry.size);
                 ustar::write_header(&mut out, &entry.path, entry.kind, entry.size, b"").map_err(ArchiveError::Write)?;
                 let mut left = entry.size;
@@ -118,7 +137,7 @@ pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
                     let n = file.read(&mut buf[..want]).map_err(read_err)?;
                     if n == 0 {
                         return Err(ArchiveError::Changed {
-                            root: tree.root.clone(),
+                            root: root.to_path_buf(),
                             path: shown(),
                             expected: entry.size,
                             actual: entry.size - left,
@@ -128,6 +147,14 @@ pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
                     out.write_all(&buf[..n]).map_err(ArchiveError::Write)?;
                     left -= n as u64;
                 }
+                if let (Some(want), Some(got)) = (entry.hash, hasher.last_file_hash()) {
+                    if want != got {
+                        return Err(ArchiveError::Refused {
+                            path: shown(),
+                            why: format!("its bytes hash to {got}, not {want}"),
+                        });
+                    }
+                }
                 ustar::write_padding(&mut out, entry.size).map_err(ArchiveError::Write)?;
             }
         }
@@ -135,6 +162,19 @@ pub fn pack(tree: &Tree, out: impl Write) -> Result<Packed, ArchiveError> {
     ustar::write_end(&mut out).map_err(ArchiveError::Write)?;
     out.flush().map_err(ArchiveError::Write)?;
     Ok(Packed { digest: hasher.finish(), bytes: out.count })
+}
+
+/// The size of the archive [`pack_with`] would write for `entries`, without reading a file.
+pub fn packed_size(entries: &[Entry]) -> u64 {
+    let mut out = CountingWriter { inner: io::sink(), count: 0 };
+    for entry in entries {
+        let link: &[u8] = if entry.kind == EntryKind::Symlink { &entry.link_target } else { b"" };
+        let size = if matches!(entry.kind, EntryKind::File | EntryKind::ExecFile) { entry.size } else { 0 };
+        let _ = ustar::write_header(&mut out, &entry.path, entry.kind, size, link);
+        out.count += size.div_ceil(512) * 512;
+    }
+    let _ = ustar::write_end(&mut out);
+    out.count
 }
 
 struct CountingWriter<W> {

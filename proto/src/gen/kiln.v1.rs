@@ -1062,6 +1062,70 @@ pub struct AgentsReply {
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FindMissingBlobsRequest {
+    /// The context (tree digest, 64 hex) the blobs are for.
+    #[prost(string, tag = "1")]
+    pub context: ::prost::alloc::string::String,
+    /// blake3 content hashes, 32 bytes each. At most 65,536 per call.
+    ///
+    /// NextId: 3
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub hashes: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct FindMissingBlobsReply {
+    /// NextId: 2
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    pub missing: ::prost::alloc::vec::Vec<::prost::alloc::vec::Vec<u8>>,
+}
+/// One message of an `UploadBlobs` stream: whole small blobs, or consecutive pieces of a big one.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct BlobBatch {
+    /// The context these blobs are for: on the first message (see FindMissingBlobs).
+    #[prost(string, tag = "1")]
+    pub context: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(message, repeated, tag = "2")]
+    pub pieces: ::prost::alloc::vec::Vec<BlobPiece>,
+}
+/// Bytes of one blob from `offset`. A blob's pieces come in order and are not interleaved with
+/// another blob's: offset 0 starts it, and it is complete when offset + len(data) == size.
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct BlobPiece {
+    #[prost(bytes = "vec", tag = "1")]
+    pub hash: ::prost::alloc::vec::Vec<u8>,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    #[prost(uint64, tag = "3")]
+    pub offset: u64,
+    /// NextId: 5
+    #[prost(bytes = "bytes", tag = "4")]
+    pub data: ::prost::bytes::Bytes,
+}
+#[allow(clippy::all)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct UploadBlobsReply {
+    #[prost(uint64, tag = "1")]
+    pub blobs: u64,
+    /// NextId: 3
+    #[prost(uint64, tag = "2")]
+    pub bytes: u64,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ContextListChunk {
+    /// Set on the first chunk only.
+    #[prost(string, tag = "1")]
+    pub digest: ::prost::alloc::string::String,
+    /// NextId: 3
+    #[prost(bytes = "bytes", tag = "2")]
+    pub entries: ::prost::bytes::Bytes,
+}
+#[allow(clippy::all)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct FindMissingRequest {
     /// NextId: 2
     #[prost(string, repeated, tag = "1")]
@@ -3698,6 +3762,86 @@ pub mod content_store_client {
                 .insert(GrpcMethod::new("kiln.v1.ContentStore", "Download"));
             self.inner.server_streaming(req, path, codec).await
         }
+        /// Per-file uploads (DESIGN.md "The converge", step 4), added after the first release of
+        /// kiln.v1: an older coordinator answers UNIMPLEMENTED and the CLI falls back to `Upload`.
+        /// The file blobs (by blake3 content hash) of `context` this coordinator lacks. Idempotent.
+        /// Asking holds the blobs named (stored or not) for the context while a converge waits for it
+        /// under a live claim on `kiln-context:<digest>`, so a collection never takes one between this
+        /// answer and `PutContext`.
+        pub async fn find_missing_blobs(
+            &mut self,
+            request: impl tonic::IntoRequest<super::FindMissingBlobsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::FindMissingBlobsReply>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/kiln.v1.ContentStore/FindMissingBlobs",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("kiln.v1.ContentStore", "FindMissingBlobs"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Blobs, each hashed as it arrives and refused (the whole call) when its bytes do not hash to
+        /// its name; the blobs before it stay stored.
+        pub async fn upload_blobs(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::BlobBatch>,
+        ) -> std::result::Result<
+            tonic::Response<super::UploadBlobsReply>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/kiln.v1.ContentStore/UploadBlobs",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("kiln.v1.ContentStore", "UploadBlobs"));
+            self.inner.client_streaming(req, path, codec).await
+        }
+        /// A context's entry list (the canonical stream its tree digest hashes), in pieces with the
+        /// digest on the first. Stored once the list hashes to the digest and every blob it names is
+        /// held; the canonical archive `Download` serves is then assembled from the list and the blobs.
+        pub async fn put_context(
+            &mut self,
+            request: impl tonic::IntoStreamingRequest<Message = super::ContextListChunk>,
+        ) -> std::result::Result<tonic::Response<super::UploadReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/kiln.v1.ContentStore/PutContext",
+            );
+            let mut req = request.into_streaming_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("kiln.v1.ContentStore", "PutContext"));
+            self.inner.client_streaming(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -3736,6 +3880,35 @@ pub mod content_store_server {
             &self,
             request: tonic::Request<super::DownloadRequest>,
         ) -> std::result::Result<tonic::Response<Self::DownloadStream>, tonic::Status>;
+        /// Per-file uploads (DESIGN.md "The converge", step 4), added after the first release of
+        /// kiln.v1: an older coordinator answers UNIMPLEMENTED and the CLI falls back to `Upload`.
+        /// The file blobs (by blake3 content hash) of `context` this coordinator lacks. Idempotent.
+        /// Asking holds the blobs named (stored or not) for the context while a converge waits for it
+        /// under a live claim on `kiln-context:<digest>`, so a collection never takes one between this
+        /// answer and `PutContext`.
+        async fn find_missing_blobs(
+            &self,
+            request: tonic::Request<super::FindMissingBlobsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::FindMissingBlobsReply>,
+            tonic::Status,
+        >;
+        /// Blobs, each hashed as it arrives and refused (the whole call) when its bytes do not hash to
+        /// its name; the blobs before it stay stored.
+        async fn upload_blobs(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::BlobBatch>>,
+        ) -> std::result::Result<
+            tonic::Response<super::UploadBlobsReply>,
+            tonic::Status,
+        >;
+        /// A context's entry list (the canonical stream its tree digest hashes), in pieces with the
+        /// digest on the first. Stored once the list hashes to the digest and every blob it names is
+        /// held; the canonical archive `Download` serves is then assembled from the list and the blobs.
+        async fn put_context(
+            &self,
+            request: tonic::Request<tonic::Streaming<super::ContextListChunk>>,
+        ) -> std::result::Result<tonic::Response<super::UploadReply>, tonic::Status>;
     }
     /// ---
     ///
@@ -3948,6 +4121,144 @@ pub mod content_store_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.server_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.ContentStore/FindMissingBlobs" => {
+                    #[allow(non_camel_case_types)]
+                    struct FindMissingBlobsSvc<T: ContentStore>(pub Arc<T>);
+                    impl<
+                        T: ContentStore,
+                    > tonic::server::UnaryService<super::FindMissingBlobsRequest>
+                    for FindMissingBlobsSvc<T> {
+                        type Response = super::FindMissingBlobsReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::FindMissingBlobsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ContentStore>::find_missing_blobs(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = FindMissingBlobsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.ContentStore/UploadBlobs" => {
+                    #[allow(non_camel_case_types)]
+                    struct UploadBlobsSvc<T: ContentStore>(pub Arc<T>);
+                    impl<
+                        T: ContentStore,
+                    > tonic::server::ClientStreamingService<super::BlobBatch>
+                    for UploadBlobsSvc<T> {
+                        type Response = super::UploadBlobsReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<tonic::Streaming<super::BlobBatch>>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ContentStore>::upload_blobs(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = UploadBlobsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.client_streaming(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/kiln.v1.ContentStore/PutContext" => {
+                    #[allow(non_camel_case_types)]
+                    struct PutContextSvc<T: ContentStore>(pub Arc<T>);
+                    impl<
+                        T: ContentStore,
+                    > tonic::server::ClientStreamingService<super::ContextListChunk>
+                    for PutContextSvc<T> {
+                        type Response = super::UploadReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                tonic::Streaming<super::ContextListChunk>,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as ContentStore>::put_context(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = PutContextSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.client_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

@@ -8,8 +8,12 @@
 //!   the content tag (`mirror::Registries::assemble_index`) — the ref the record names;
 //! - `nodes`: each node agent imports the image of the platform it announced, under the content
 //!   ref; a node whose platform is not in the set fails the converge before anything is built;
-//! - `local` and `kind`: refused before anything is claimed — a Docker daemon (and the kind node
-//!   containers on it) runs one platform, so a second one would be built for nobody.
+//! - `kind`: a node container runs its daemon's platform, which is its host agent's: that
+//!   platform is built on that host and loaded into the nodes under the content ref (the other
+//!   platforms are built for the address and go nowhere); a node whose platform is not in the set
+//!   fails the converge before anything is built, as for `nodes`;
+//! - `local`: refused before anything is claimed — a Docker daemon runs one platform, so a second
+//!   one would be built for nobody.
 //!
 //! Emulation preflight: before any build, every platform that no connected host builds natively
 //! and whose Dockerfile runs a command must be run by some host's binfmt_misc handlers (agents
@@ -48,19 +52,19 @@ pub(super) fn refuse_target(plan: &UpPlan) -> Result<(), Failure> {
              or nodes target",
             kiln_core::refs::PlatformSet::host().oci()
         ))),
-        Target::Kind { cluster } => Err(Failure::whole(format!(
-            "target kind (cluster {cluster}) cannot take platforms {set} yet: its node containers run on one Docker \
-             daemon, of one platform — list that one platform, or converge to a nodes target"
-        ))),
-        Target::Registry { .. } | Target::Nodes { .. } => Ok(()),
+        Target::Registry { .. } | Target::Nodes { .. } | Target::Kind { .. } => Ok(()),
     }
 }
 
 impl Engine {
-    /// `nodes`: every node agent of the cluster must run a platform of the set, or the converge
-    /// fails naming it — before anything is built.
+    /// `nodes` and `kind`: every node of the cluster must run a platform of the set, or the
+    /// converge fails naming it — before anything is built.
     pub(super) fn check_nodes(&self, plan: &UpPlan) -> Result<(), Failure> {
-        let Target::Nodes { cluster } = &plan.target else { return Ok(()) };
+        let cluster = match &plan.target {
+            Target::Nodes { cluster } => cluster,
+            Target::Kind { cluster } => return self.check_kind_nodes(plan, cluster),
+            _ => return Ok(()),
+        };
         for node in deliver::cluster_nodes(&self.hub, cluster) {
             if !node.platforms.iter().any(|p| plan.platforms.contains(p)) {
                 return Err(Failure::whole(format!(
@@ -71,6 +75,36 @@ impl Engine {
                     plan.platforms.join(", ")
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// `kind`: each node container runs its host agent's platform; one outside the set fails the
+    /// converge naming it, and so does a cluster no connected host agent reports.
+    fn check_kind_nodes(&self, plan: &UpPlan, cluster: &str) -> Result<(), Failure> {
+        let carriers = kind_carriers(&self.hub.connected(), cluster);
+        if carriers.is_empty() {
+            return Err(Failure::whole(format!(
+                "kind cluster {cluster}: no connected host agent reports a node container of it (label \
+                 {KIND_LABEL}={cluster}) — create it on a host agent's Docker daemon (`kind create cluster --name \
+                 {cluster}`), or wait for that agent to see it (it looks every few seconds)"
+            )));
+        }
+        for (host, nodes) in carriers {
+            if host.platforms.iter().any(|p| plan.platforms.contains(p)) {
+                continue;
+            }
+            let runs = match host.platforms.is_empty() {
+                true => "a platform its host agent did not announce".to_string(),
+                false => host.platforms.join(", "),
+            };
+            return Err(Failure::whole(format!(
+                "kind node {} of cluster {cluster} (on host agent {}) runs {runs}, which the platforms {} do not \
+                 include — add it to `platforms` in kiln.toml",
+                nodes.join(", "),
+                host.id,
+                plan.platforms.join(", ")
+            )));
         }
         Ok(())
     }
@@ -168,6 +202,8 @@ impl Engine {
             image.reference = platform_ref(content, &parsed);
             images.push((image, parsed));
         }
+        let connected = self.hub.connected();
+        let hosts = connected.as_slice();
         let runs = images.iter().zip(vias).map(|((image, _), (platform, via))| async move {
             let mut pd = Decision {
                 image,
@@ -180,11 +216,19 @@ impl Engine {
                 via: *via,
                 index: Some(content),
             };
-            // A delivery again (a recorded `nodes` image) reads the platform's image from a host
-            // that holds it; none does: it is built again, and the reason says it was gone.
-            let holder = match pd.action {
-                Action::Build => None,
-                _ => self.holder(home, &pd.image.reference),
+            // `kind`: the platform its nodes run is built on, and loaded from, the host agent
+            // whose daemon runs them.
+            let kind_host = match &plan.target {
+                Target::Kind { cluster } => kind_host(hosts, cluster, platform),
+                _ => None,
+            };
+            // A delivery again (a recorded `nodes` or `kind` image) reads the platform's image
+            // from a host that holds it; none does: it is built again, and the reason says it
+            // was gone.
+            let holder = match (pd.action, &kind_host) {
+                (Action::Build, _) => None,
+                (_, Some(k)) => k.holds(&HeldRef::of(&pd.image.reference)).then(|| k.clone()),
+                (_, None) => self.holder(home, &pd.image.reference),
             };
             match holder {
                 Some(host) => self.deliver_from(&host, &mut None, id, plan, &pd, generation, events).await,
@@ -193,7 +237,8 @@ impl Engine {
                         pd.action = Action::Build;
                         pd.reason = Reason::Gone { store: crate::sweep::host_store_of(home), generation };
                     }
-                    let grant = self.build_placed(id, plan, &pd, &pd.reason, None, events).await?;
+                    let required = kind_host.as_ref().map(|k| k.id.clone());
+                    let grant = self.build_placed(id, plan, &pd, &pd.reason, required, events).await?;
                     let agent = grant.agent.clone();
                     let mut slot = Some(grant);
                     self.deliver_from(&agent, &mut slot, id, plan, &pd, generation, events).await
@@ -283,6 +328,72 @@ impl Engine {
         let to = deliver::Nodes { nodes: &nodes, cluster, source: &d.image.reference, reference: content };
         deliver::deliver_to(&self.relay, host, id.as_str(), to, &d.image.name, narrate, events).await
     }
+
+    /// `kind`, one platform of a multi-platform image: when `host`'s daemon runs the cluster's
+    /// node containers and they run `d.platform`, they load its platform image under the content
+    /// ref; a platform no node runs goes nowhere.
+    pub(super) async fn platform_to_kind(
+        &self,
+        host: &AgentConn,
+        id: &ConvergeId,
+        cluster: &str,
+        d: &Decision<'_>,
+        narrate: bool,
+        events: &Events,
+    ) -> Result<Vec<String>, DeliverError> {
+        let content = d.index.unwrap_or(&d.image.reference);
+        let (name, source) = (d.image.name.as_str(), d.image.reference.as_str());
+        match kind_host(&self.hub.connected(), cluster, &d.platform) {
+            Some(k) if k.id == host.id => {
+                deliver::to_kind(host, id.as_str(), cluster, (source, content), name, narrate, events).await
+            }
+            // Built elsewhere (the build was required on the kind host, so only an agent that
+            // reconnected under another id gets here): that daemon cannot reach the nodes.
+            Some(k) => Err(DeliverError::Failed(format!(
+                "{source} was built on host agent {}, but the node containers of kind cluster {cluster} run on host \
+                 agent {}'s daemon — run `kiln up` again",
+                host.id, k.id
+            ))),
+            None => {
+                if narrate {
+                    let words = format!("no kind node of {cluster} runs {}: {source} goes nowhere", d.platform);
+                    events.emit(EventKind::Note, Some(name), words);
+                }
+                Ok(Vec::new())
+            }
+        }
+    }
+}
+
+/// The label kind puts on every node container, named in a failure.
+const KIND_LABEL: &str = "io.x-k8s.kind.cluster";
+
+/// The connected host agents whose daemon runs node containers of kind cluster `cluster`, each
+/// with those containers' names, as the agents last announced their stores.
+fn kind_carriers(hosts: &[Arc<AgentConn>], cluster: &str) -> Vec<(Arc<AgentConn>, Vec<String>)> {
+    let mut carriers = Vec::new();
+    for host in hosts.iter().filter(|a| a.is_host()) {
+        let suffix = format!("@{}", host.id);
+        let nodes: Vec<String> = host
+            .stores()
+            .iter()
+            .filter(|s| s.kind == kiln_proto::v1::store_info::Kind::Node as i32 && s.cluster == cluster)
+            .map(|s| {
+                let id = s.id.as_str();
+                id.strip_prefix("kind:").and_then(|n| n.strip_suffix(&suffix)).unwrap_or(id).to_string()
+            })
+            .collect();
+        if !nodes.is_empty() {
+            carriers.push((host.clone(), nodes));
+        }
+    }
+    carriers
+}
+
+/// The host agent whose daemon runs node containers of kind cluster `cluster` of platform
+/// `platform` (its own native platform), if any.
+fn kind_host(hosts: &[Arc<AgentConn>], cluster: &str, platform: &str) -> Option<Arc<AgentConn>> {
+    kind_carriers(hosts, cluster).into_iter().map(|(h, _)| h).find(|h| h.platforms.iter().any(|p| p == platform))
 }
 
 /// The text of the file `wanted` (a path relative to the context's root) in the context archive

@@ -241,7 +241,6 @@ async fn on_nodes(
 /// Delivers `reference` from `host` into the node containers of kind cluster `cluster`, which run
 /// on that host's daemon; the nodes hold it under `import_as` — the content ref of a
 /// multi-platform image whose platform ref on the host is `reference` — or `reference` itself.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn to_kind(
     host: &AgentConn,
     converge: &str,

@@ -158,6 +158,13 @@ async fn a_kind_cluster_gets_its_own_platform_of_a_two_platform_image_under_the_
         events.iter().all(|e| e.kind() != Kind::Delivered || e.message.contains("already holds")),
         "nothing delivered again: {events:#?}"
     );
+
+    // A node that lost the image gets its platform back from the host, still without a build.
+    nodes[1].ctr(&["images", "rm", &qualified]);
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(farm.builds(), 2, "delivered again from the host's platform image, not rebuilt");
+    assert_eq!(node_image(&nodes[1], &qualified), (native.to_string(), native_id.clone()));
     farm.stop().await;
     docker::remove(&native_ref);
     docker::remove(&other_ref);

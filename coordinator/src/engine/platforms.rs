@@ -11,7 +11,7 @@
 //! - `kind`: a node container runs its daemon's platform, which is its host agent's: that
 //!   platform is built on that host and loaded into the nodes under the content ref (the other
 //!   platforms are built for the address and go nowhere); a node whose platform is not in the set
-//!   fails the converge before anything is built, as for `nodes`;
+//!   fails the converge before anything is built, as for `nodes` (`platform_kind`);
 //! - `local`: refused before anything is claimed — a Docker daemon runs one platform, so a second
 //!   one would be built for nobody.
 //!
@@ -75,36 +75,6 @@ impl Engine {
                     plan.platforms.join(", ")
                 )));
             }
-        }
-        Ok(())
-    }
-
-    /// `kind`: each node container runs its host agent's platform; one outside the set fails the
-    /// converge naming it, and so does a cluster no connected host agent reports.
-    fn check_kind_nodes(&self, plan: &UpPlan, cluster: &str) -> Result<(), Failure> {
-        let carriers = kind_carriers(&self.hub.connected(), cluster);
-        if carriers.is_empty() {
-            return Err(Failure::whole(format!(
-                "kind cluster {cluster}: no connected host agent reports a node container of it (label \
-                 {KIND_LABEL}={cluster}) — create it on a host agent's Docker daemon (`kind create cluster --name \
-                 {cluster}`), or wait for that agent to see it (it looks every few seconds)"
-            )));
-        }
-        for (host, nodes) in carriers {
-            if host.platforms.iter().any(|p| plan.platforms.contains(p)) {
-                continue;
-            }
-            let runs = match host.platforms.is_empty() {
-                true => "a platform its host agent did not announce".to_string(),
-                false => host.platforms.join(", "),
-            };
-            return Err(Failure::whole(format!(
-                "kind node {} of cluster {cluster} (on host agent {}) runs {runs}, which the platforms {} do not \
-                 include — add it to `platforms` in kiln.toml",
-                nodes.join(", "),
-                host.id,
-                plan.platforms.join(", ")
-            )));
         }
         Ok(())
     }
@@ -219,7 +189,7 @@ impl Engine {
             // `kind`: the platform its nodes run is built on, and loaded from, the host agent
             // whose daemon runs them.
             let kind_host = match &plan.target {
-                Target::Kind { cluster } => kind_host(hosts, cluster, platform),
+                Target::Kind { cluster } => super::platform_kind::kind_host(hosts, cluster, platform),
                 _ => None,
             };
             // A delivery again (a recorded `nodes` or `kind` image) reads the platform's image
@@ -328,72 +298,6 @@ impl Engine {
         let to = deliver::Nodes { nodes: &nodes, cluster, source: &d.image.reference, reference: content };
         deliver::deliver_to(&self.relay, host, id.as_str(), to, &d.image.name, narrate, events).await
     }
-
-    /// `kind`, one platform of a multi-platform image: when `host`'s daemon runs the cluster's
-    /// node containers and they run `d.platform`, they load its platform image under the content
-    /// ref; a platform no node runs goes nowhere.
-    pub(super) async fn platform_to_kind(
-        &self,
-        host: &AgentConn,
-        id: &ConvergeId,
-        cluster: &str,
-        d: &Decision<'_>,
-        narrate: bool,
-        events: &Events,
-    ) -> Result<Vec<String>, DeliverError> {
-        let content = d.index.unwrap_or(&d.image.reference);
-        let (name, source) = (d.image.name.as_str(), d.image.reference.as_str());
-        match kind_host(&self.hub.connected(), cluster, &d.platform) {
-            Some(k) if k.id == host.id => {
-                deliver::to_kind(host, id.as_str(), cluster, (source, content), name, narrate, events).await
-            }
-            // Built elsewhere (the build was required on the kind host, so only an agent that
-            // reconnected under another id gets here): that daemon cannot reach the nodes.
-            Some(k) => Err(DeliverError::Failed(format!(
-                "{source} was built on host agent {}, but the node containers of kind cluster {cluster} run on host \
-                 agent {}'s daemon — run `kiln up` again",
-                host.id, k.id
-            ))),
-            None => {
-                if narrate {
-                    let words = format!("no kind node of {cluster} runs {}: {source} goes nowhere", d.platform);
-                    events.emit(EventKind::Note, Some(name), words);
-                }
-                Ok(Vec::new())
-            }
-        }
-    }
-}
-
-/// The label kind puts on every node container, named in a failure.
-const KIND_LABEL: &str = "io.x-k8s.kind.cluster";
-
-/// The connected host agents whose daemon runs node containers of kind cluster `cluster`, each
-/// with those containers' names, as the agents last announced their stores.
-fn kind_carriers(hosts: &[Arc<AgentConn>], cluster: &str) -> Vec<(Arc<AgentConn>, Vec<String>)> {
-    let mut carriers = Vec::new();
-    for host in hosts.iter().filter(|a| a.is_host()) {
-        let suffix = format!("@{}", host.id);
-        let nodes: Vec<String> = host
-            .stores()
-            .iter()
-            .filter(|s| s.kind == kiln_proto::v1::store_info::Kind::Node as i32 && s.cluster == cluster)
-            .map(|s| {
-                let id = s.id.as_str();
-                id.strip_prefix("kind:").and_then(|n| n.strip_suffix(&suffix)).unwrap_or(id).to_string()
-            })
-            .collect();
-        if !nodes.is_empty() {
-            carriers.push((host.clone(), nodes));
-        }
-    }
-    carriers
-}
-
-/// The host agent whose daemon runs node containers of kind cluster `cluster` of platform
-/// `platform` (its own native platform), if any.
-fn kind_host(hosts: &[Arc<AgentConn>], cluster: &str, platform: &str) -> Option<Arc<AgentConn>> {
-    kind_carriers(hosts, cluster).into_iter().map(|(h, _)| h).find(|h| h.platforms.iter().any(|p| p == platform))
 }
 
 /// The text of the file `wanted` (a path relative to the context's root) in the context archive

@@ -470,7 +470,12 @@ async fn kind_load(ctx: &TaskContext, k: pb::KindLoadTask) -> TaskResult {
     }
     let load = ctx
         .store
-        .kind_load(&k.cluster, &k.reference, &k.image_id)
+        .kind_load(
+            &k.cluster,
+            &k.reference,
+            &k.image_id,
+            if k.import_as.is_empty() { &k.reference } else { &k.import_as },
+        )
         .await
         .map_err(|err| failed(kiln_core::error_chain(&err)))?;
     // Before the answer, so a sweep that follows this delivery already sees the nodes it reached.

@@ -9,7 +9,9 @@
 //! converge, named.
 //!
 //! `kind`: the host agent does it all (the node containers live on its Docker daemon): it finds
-//! them by kind's labels and streams one `docker save` into each node's `ctr import`.
+//! them by kind's labels and streams one `docker save` into each node's `ctr import`. One platform
+//! of a multi-platform image is saved under its platform ref and named on the nodes by the
+//! content ref, as a node agent names it.
 
 use crate::events::Events;
 use crate::hub::{AgentConn, Hub};
@@ -237,26 +239,32 @@ async fn on_nodes(
 }
 
 /// Delivers `reference` from `host` into the node containers of kind cluster `cluster`, which run
-/// on that host's daemon.
+/// on that host's daemon; the nodes hold it under `import_as` — the content ref of a
+/// multi-platform image whose platform ref on the host is `reference` — or `reference` itself.
 pub(crate) async fn to_kind(
     host: &AgentConn,
     converge: &str,
     cluster: &str,
-    reference: &str,
+    (reference, import_as): (&str, &str),
     name: &str,
     narrate: bool,
     events: &Events,
 ) -> Result<Vec<String>, DeliverError> {
     let id = host_image_id(host, converge, reference).await?;
-    let task = Task::KindLoad { reference: reference.into(), image_id: id, cluster: cluster.into() };
+    let task = Task::KindLoad {
+        reference: reference.into(),
+        image_id: id,
+        cluster: cluster.into(),
+        import_as: if import_as == reference { String::new() } else { import_as.into() },
+    };
     let (loaded, skipped) = match host.run(converge, task, |_| {}).await? {
         TaskOutcome::KindLoaded { loaded, skipped } => (loaded, skipped),
         _ => return Err(DeliverError::Failed(format!("host {} answered the kind load with something else", host.id))),
     };
     let message = match (loaded.len(), skipped.len()) {
-        (0, _) => format!("every node of kind cluster {cluster} already holds {reference}"),
-        (n, 0) => format!("{reference} to {n} node(s) of kind cluster {cluster}"),
-        (n, s) => format!("{reference} to {n} node(s) of kind cluster {cluster} ({s} already held it)"),
+        (0, _) => format!("every node of kind cluster {cluster} already holds {import_as}"),
+        (n, 0) => format!("{import_as} to {n} node(s) of kind cluster {cluster}"),
+        (n, s) => format!("{import_as} to {n} node(s) of kind cluster {cluster} ({s} already held it)"),
     };
     if narrate || !loaded.is_empty() {
         events.emit(EventKind::Delivered, Some(name), message);

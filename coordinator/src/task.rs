@@ -49,11 +49,12 @@ pub enum Task {
         relay_key: Option<String>,
     },
     /// Host agent: load image `image_id`, tagged `reference`, into every node container of kind
-    /// cluster `cluster` on its daemon that lacks it.
+    /// cluster `cluster` on its daemon that lacks it under `import_as` (`reference` when empty).
     KindLoad {
         reference: String,
         image_id: String,
         cluster: String,
+        import_as: String,
     },
     /// Host agent: tag image `image_id` as `reference` (a farm's hold on another farm's image).
     Tag {
@@ -270,8 +271,8 @@ impl From<Task> for pb::task::Kind {
             Task::Import { reference, image_id, relay_key } => {
                 Kind::Import(pb::ImportTask { reference, image_id, relay_key: relay_key.unwrap_or_default() })
             }
-            Task::KindLoad { reference, image_id, cluster } => {
-                Kind::KindLoad(pb::KindLoadTask { reference, image_id, cluster })
+            Task::KindLoad { reference, image_id, cluster, import_as } => {
+                Kind::KindLoad(pb::KindLoadTask { reference, image_id, cluster, import_as })
             }
             Task::Tag { image_id, reference } => Kind::Tag(pb::TagTask { image_id, reference }),
             Task::Probe { references } => Kind::Probe(pb::ProbeTask { references }),
@@ -425,7 +426,12 @@ mod tests {
             Task::Remove { store, references: vec![], image_ids: vec![] },
             Task::Export { reference: "r".into(), image_id: "i".into(), relay_key: "k".into() },
             Task::Import { reference: "r".into(), image_id: "i".into(), relay_key: None },
-            Task::KindLoad { reference: "r".into(), image_id: "i".into(), cluster: "c".into() },
+            Task::KindLoad {
+                reference: "r".into(),
+                image_id: "i".into(),
+                cluster: "c".into(),
+                import_as: String::new(),
+            },
             Task::Tag { image_id: "i".into(), reference: "r".into() },
             Task::Probe { references: vec![] },
         ];

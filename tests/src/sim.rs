@@ -241,6 +241,7 @@ impl HostStore for SimHost {
         cluster: &str,
         reference: &str,
         _id: &str,
+        _name: &str,
     ) -> Result<kiln_agent::host::KindLoad, HostError> {
         Err(HostError::NoKindNodes { cluster: format!("{cluster} (simulated host, cannot load {reference})") })
     }

@@ -138,8 +138,9 @@ impl HostStore for CountingStore {
         cluster: &str,
         reference: &str,
         id: &str,
+        name: &str,
     ) -> Result<kiln_agent::host::KindLoad, HostError> {
-        self.inner.kind_load(cluster, reference, id).await
+        self.inner.kind_load(cluster, reference, id, name).await
     }
     async fn kind_nodes(&self) -> Result<Vec<kiln_agent::host::KindNode>, HostError> {
         self.inner.kind_nodes().await

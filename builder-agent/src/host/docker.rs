@@ -110,8 +110,14 @@ fn is_not_found(err: &DockerError) -> bool {
 
 #[async_trait]
 impl HostStore for DockerStore {
-    async fn kind_load(&self, cluster: &str, reference: &str, id: &str) -> Result<super::KindLoad, HostError> {
-        self.load_into_kind(cluster, reference, id).await
+    async fn kind_load(
+        &self,
+        cluster: &str,
+        reference: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<super::KindLoad, HostError> {
+        self.load_into_kind(cluster, reference, id, name).await
     }
 
     async fn kind_nodes(&self) -> Result<Vec<super::KindNode>, HostError> {

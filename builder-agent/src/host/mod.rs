@@ -165,8 +165,9 @@ pub trait HostStore: Send + Sync {
 
     /// What `kind load docker-image` does: streams one `docker save` of `reference` into the
     /// containerd of every node container of kind cluster `cluster` on this daemon that does not
-    /// already name image `id` under the ref, in parallel.
-    async fn kind_load(&self, cluster: &str, reference: &str, id: &str) -> Result<KindLoad, HostError>;
+    /// already name image `id` under `name`, in parallel; the nodes hold it under `name` (the
+    /// content ref of a multi-platform image whose platform ref is `reference`), else `reference`.
+    async fn kind_load(&self, cluster: &str, reference: &str, id: &str, name: &str) -> Result<KindLoad, HostError>;
 
     /// Every kind node container on this daemon, each with its containerd as a node store the
     /// sweep lists and removes from like a node agent's. None by default: a daemon without kind

@@ -438,8 +438,11 @@ impl Engine {
                 self.metrics.delivered(plan.target.identity(), done.bytes);
                 Ok(done.imported)
             }
+            Target::Kind { cluster } if d.index.is_some() => {
+                Ok(self.platform_to_kind(host, id, cluster, d, narrate, events).await?)
+            }
             Target::Kind { cluster } => {
-                Ok(deliver::to_kind(host, id.as_str(), cluster, reference, name, narrate, events).await?)
+                Ok(deliver::to_kind(host, id.as_str(), cluster, (reference, reference), name, narrate, events).await?)
             }
         }
     }

@@ -16,6 +16,7 @@ mod decide;
 mod execute;
 mod files;
 mod parallel;
+mod platform_kind;
 mod platforms;
 pub mod running;
 

@@ -8,8 +8,12 @@
 //!   the content tag (`mirror::Registries::assemble_index`) — the ref the record names;
 //! - `nodes`: each node agent imports the image of the platform it announced, under the content
 //!   ref; a node whose platform is not in the set fails the converge before anything is built;
-//! - `local` and `kind`: refused before anything is claimed — a Docker daemon (and the kind node
-//!   containers on it) runs one platform, so a second one would be built for nobody.
+//! - `kind`: a node container runs its daemon's platform, which is its host agent's: that
+//!   platform is built on that host and loaded into the nodes under the content ref (the other
+//!   platforms are built for the address and go nowhere); a node whose platform is not in the set
+//!   fails the converge before anything is built, as for `nodes` (`platform_kind`);
+//! - `local`: refused before anything is claimed — a Docker daemon runs one platform, so a second
+//!   one would be built for nobody.
 //!
 //! Emulation preflight: before any build, every platform that no connected host builds natively
 //! and whose Dockerfile runs a command must be run by some host's binfmt_misc handlers (agents
@@ -48,19 +52,19 @@ pub(super) fn refuse_target(plan: &UpPlan) -> Result<(), Failure> {
              or nodes target",
             kiln_core::refs::PlatformSet::host().oci()
         ))),
-        Target::Kind { cluster } => Err(Failure::whole(format!(
-            "target kind (cluster {cluster}) cannot take platforms {set} yet: its node containers run on one Docker \
-             daemon, of one platform — list that one platform, or converge to a nodes target"
-        ))),
-        Target::Registry { .. } | Target::Nodes { .. } => Ok(()),
+        Target::Registry { .. } | Target::Nodes { .. } | Target::Kind { .. } => Ok(()),
     }
 }
 
 impl Engine {
-    /// `nodes`: every node agent of the cluster must run a platform of the set, or the converge
-    /// fails naming it — before anything is built.
+    /// `nodes` and `kind`: every node of the cluster must run a platform of the set, or the
+    /// converge fails naming it — before anything is built.
     pub(super) fn check_nodes(&self, plan: &UpPlan) -> Result<(), Failure> {
-        let Target::Nodes { cluster } = &plan.target else { return Ok(()) };
+        let cluster = match &plan.target {
+            Target::Nodes { cluster } => cluster,
+            Target::Kind { cluster } => return self.check_kind_nodes(plan, cluster),
+            _ => return Ok(()),
+        };
         for node in deliver::cluster_nodes(&self.hub, cluster) {
             if !node.platforms.iter().any(|p| plan.platforms.contains(p)) {
                 return Err(Failure::whole(format!(
@@ -168,6 +172,8 @@ impl Engine {
             image.reference = platform_ref(content, &parsed);
             images.push((image, parsed));
         }
+        let connected = self.hub.connected();
+        let hosts = connected.as_slice();
         let runs = images.iter().zip(vias).map(|((image, _), (platform, via))| async move {
             let mut pd = Decision {
                 image,
@@ -180,11 +186,19 @@ impl Engine {
                 via: *via,
                 index: Some(content),
             };
-            // A delivery again (a recorded `nodes` image) reads the platform's image from a host
-            // that holds it; none does: it is built again, and the reason says it was gone.
-            let holder = match pd.action {
-                Action::Build => None,
-                _ => self.holder(home, &pd.image.reference),
+            // `kind`: the platform its nodes run is built on, and loaded from, the host agent
+            // whose daemon runs them.
+            let kind_host = match &plan.target {
+                Target::Kind { cluster } => super::platform_kind::kind_host(hosts, cluster, platform),
+                _ => None,
+            };
+            // A delivery again (a recorded `nodes` or `kind` image) reads the platform's image
+            // from a host that holds it; none does: it is built again, and the reason says it
+            // was gone.
+            let holder = match (pd.action, &kind_host) {
+                (Action::Build, _) => None,
+                (_, Some(k)) => k.holds(&HeldRef::of(&pd.image.reference)).then(|| k.clone()),
+                (_, None) => self.holder(home, &pd.image.reference),
             };
             match holder {
                 Some(host) => self.deliver_from(&host, &mut None, id, plan, &pd, generation, events).await,
@@ -193,7 +207,8 @@ impl Engine {
                         pd.action = Action::Build;
                         pd.reason = Reason::Gone { store: crate::sweep::host_store_of(home), generation };
                     }
-                    let grant = self.build_placed(id, plan, &pd, &pd.reason, None, events).await?;
+                    let required = kind_host.as_ref().map(|k| k.id.clone());
+                    let grant = self.build_placed(id, plan, &pd, &pd.reason, required, events).await?;
                     let agent = grant.agent.clone();
                     let mut slot = Some(grant);
                     self.deliver_from(&agent, &mut slot, id, plan, &pd, generation, events).await

@@ -1570,9 +1570,15 @@ pub struct KindLoadTask {
     pub reference: ::prost::alloc::string::String,
     #[prost(string, tag = "2")]
     pub image_id: ::prost::alloc::string::String,
-    /// NextId: 4
     #[prost(string, tag = "3")]
     pub cluster: ::prost::alloc::string::String,
+    /// The ref the nodes hold the image under, when it is not `reference`: one platform of a
+    /// multi-platform image is `reference` (its platform ref) on the host and this (the content ref)
+    /// on the nodes. Empty: `reference`.
+    ///
+    /// NextId: 5
+    #[prost(string, tag = "4")]
+    pub import_as: ::prost::alloc::string::String,
 }
 #[allow(clippy::all)]
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

@@ -73,6 +73,20 @@ impl DockerStore {
         Ok(())
     }
 
+    /// Names the image node `node` holds under `from` by `to` instead: `ctr images tag --force`,
+    /// then the old name removed (the image stays, named by `to`).
+    pub(super) async fn rename(&self, node: &str, from: &str, to: &str) -> Result<(), HostError> {
+        let tag = ["ctr", "--namespace=k8s.io", "images", "tag", "--force", from, to];
+        let remove = ["ctr", "--namespace=k8s.io", "images", "rm", from];
+        for cmd in [&tag[..], &remove[..]] {
+            let (code, _, err) = self.exec(node, cmd, None).await?;
+            if code != 0 {
+                return Err(kind_error(node, to, format!("`{}` exited {code}: {err}", cmd.join(" "))));
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `cmd` in container `node`, feeding `stdin` when given; its exit code, stdout, stderr.
     async fn exec(
         &self,

@@ -28,15 +28,23 @@ pub struct KindLoad {
 }
 
 impl DockerStore {
-    /// Loads `reference` (image `id`) into every node of kind cluster `cluster` that lacks it.
-    pub(super) async fn load_into_kind(&self, cluster: &str, reference: &str, id: &str) -> Result<KindLoad, HostError> {
+    /// Loads `reference` (image `id`) into every node of kind cluster `cluster` that lacks it
+    /// under `name`: `reference` itself, or for one platform of a multi-platform image the content
+    /// ref, which the nodes must hold in place of the platform ref `docker save` writes.
+    pub(super) async fn load_into_kind(
+        &self,
+        cluster: &str,
+        reference: &str,
+        id: &str,
+        name: &str,
+    ) -> Result<KindLoad, HostError> {
         let nodes = self.kind_nodes_of(Some(cluster)).await?;
         if nodes.is_empty() {
             return Err(HostError::NoKindNodes { cluster: cluster.to_string() });
         }
-        let qualified = kiln_core::refs::ImageRef::parse(reference)
-            .map(|r| r.normalized())
-            .unwrap_or_else(|_| reference.to_string());
+        let normalize =
+            |r: &str| kiln_core::refs::ImageRef::parse(r).map(|r| r.normalized()).unwrap_or_else(|_| r.to_string());
+        let (saved, qualified) = (normalize(reference), normalize(name));
         let checks = futures_util::future::join_all(nodes.iter().map(|n| self.holds(n, &qualified, id))).await;
         let mut load = KindLoad::default();
         let mut lacking = Vec::new();
@@ -52,11 +60,19 @@ impl DockerStore {
         }
         let names: Vec<String> = lacking.iter().map(|n| n.name.clone()).collect();
         self.stream_into(&names, reference).await?;
+        if saved != qualified {
+            // The archive names the image by the ref it was saved under; the nodes keep it under
+            // `name` only, so no platform ref is left on a node for a sweep to wonder about.
+            let renames = names.iter().map(|node| self.rename(node, &saved, &qualified));
+            for renamed in futures_util::future::join_all(renames).await {
+                renamed?;
+            }
+        }
         for node in &lacking {
             if !self.holds(node, &qualified, id).await? {
                 return Err(HostError::KindImport {
                     node: node.name.clone(),
-                    reference: reference.to_string(),
+                    reference: name.to_string(),
                     why: format!("the import finished, yet the node does not name {id} under {qualified}"),
                 });
             }

@@ -264,6 +264,31 @@ impl Contexts {
         Ok(bytes)
     }
 
+    /// The bytes of the file `wanted` (a path relative to the context's root) of a stored context,
+    /// whichever way it is stored: from its blob when the context is an entry list over blobs,
+    /// from the archive otherwise. `None` when the context or the file is not there. Blocking.
+    pub fn read_file(&self, digest: &TreeDigest, wanted: &str) -> Option<Vec<u8>> {
+        let wanted = wanted.trim_start_matches("./");
+        if let Ok(list) = std::fs::read(self.list_path(digest)) {
+            let entries = kiln_core::digest::list::decode_for(&list, digest).ok()?;
+            let entry = entries.iter().find(|e| e.path == wanted.as_bytes())?;
+            let bytes = std::fs::read(self.blobs.path(&entry.hash.as_ref()?.0)).ok()?;
+            // Read again after the upload checked it: a blob changed on disk is not trusted.
+            return (kiln_core::digest::ContentHash::of(&bytes) == *entry.hash.as_ref()?).then_some(bytes);
+        }
+        let file = std::fs::File::open(self.path(digest)).ok()?;
+        let mut tar = tar::Archive::new(std::io::BufReader::new(file));
+        for entry in tar.entries().ok()? {
+            let mut entry = entry.ok()?;
+            if entry.path().ok()?.to_string_lossy().trim_start_matches("./") == wanted {
+                let mut bytes = Vec::new();
+                entry.read_to_end(&mut bytes).ok()?;
+                return Some(bytes);
+            }
+        }
+        None
+    }
+
     pub fn path(&self, digest: &TreeDigest) -> PathBuf {
         self.dir.join(format!("{digest}.tar"))
     }

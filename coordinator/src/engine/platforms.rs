@@ -142,10 +142,10 @@ impl Engine {
         if !inputs.dockerfile_outside.is_empty() {
             return kiln_core::dockerfile::runs_commands(&String::from_utf8_lossy(&inputs.dockerfile_outside));
         }
-        let (archive, wanted) = (self.contexts.path(&inputs.context), inputs.dockerfile.clone());
-        let read = tokio::task::spawn_blocking(move || read_member(&archive, &wanted)).await;
-        match read {
-            Ok(Some(text)) => kiln_core::dockerfile::runs_commands(&text),
+        let (contexts, digest, wanted) = (self.contexts.clone(), inputs.context, inputs.dockerfile.clone());
+        let read = tokio::task::spawn_blocking(move || contexts.read_file(&digest, &wanted)).await;
+        match read.ok().flatten().map(String::from_utf8) {
+            Some(Ok(text)) => kiln_core::dockerfile::runs_commands(&text),
             _ => true,
         }
     }
@@ -298,23 +298,4 @@ impl Engine {
         let to = deliver::Nodes { nodes: &nodes, cluster, source: &d.image.reference, reference: content };
         deliver::deliver_to(&self.relay, host, id.as_str(), to, &d.image.name, narrate, events).await
     }
-}
-
-/// The text of the file `wanted` (a path relative to the context's root) in the context archive
-/// at `archive`, if it is there and UTF-8.
-fn read_member(archive: &std::path::Path, wanted: &str) -> Option<String> {
-    use std::io::Read;
-    let wanted = wanted.trim_start_matches("./");
-    let file = std::fs::File::open(archive).ok()?;
-    let mut tar = tar::Archive::new(std::io::BufReader::new(file));
-    for entry in tar.entries().ok()? {
-        let mut entry = entry.ok()?;
-        let path = entry.path().ok()?.to_string_lossy().trim_start_matches("./").to_string();
-        if path == wanted {
-            let mut text = String::new();
-            entry.read_to_string(&mut text).ok()?;
-            return Some(text);
-        }
-    }
-    None
 }

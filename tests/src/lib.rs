@@ -11,6 +11,7 @@
 //! pushes a two-platform image straight into a registry, the upstream a pinned image comes from.
 
 pub mod browser;
+pub mod counting;
 pub mod docker;
 pub mod fixture;
 pub mod http;
@@ -24,128 +25,15 @@ pub mod sim;
 pub mod trust;
 pub mod wire;
 
-use async_trait::async_trait;
-use kiln_agent::host::{BuildSpec, Built, DockerStore, HostError, HostStore, ImageInfo, PushProgress, Pushed, Removal};
-use kiln_core::sweep::ListedImage;
-use std::collections::HashSet;
+use kiln_agent::host::HostStore;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot, Notify};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use counting::{BuildPause, Calls, Counting};
 pub use registry::Registry;
-
-/// The real Docker host store, counting the calls that cost something.
-#[derive(Debug)]
-pub struct Counting {
-    inner: DockerStore,
-    pub builds: AtomicUsize,
-    pub pushes: AtomicUsize,
-    /// `docker save`s sent to Docker, for a delivery to nodes.
-    pub exports: AtomicUsize,
-    /// Pushes still to sabotage: each untags its image first, as a sweep elsewhere might between
-    /// a build and its delivery.
-    pub sweep_before_push: AtomicUsize,
-    /// Builds still to sabotage: each untags its image right after Docker built it, as a sweep
-    /// elsewhere might before the converge reads it back.
-    pub sweep_after_build: AtomicUsize,
-    /// Refs whose removal fails, as a daemon refusing one untag would.
-    pub refuse_removal_of: Mutex<HashSet<String>>,
-    /// Holds every finished build until the test lets it go; see [`BuildPause`].
-    pub pause: BuildPause,
-}
-
-/// A window between a build and the rest of its converge, held open by the test: with it armed,
-/// each build, once Docker has the tag, signals `built` and waits for `gate` before the agent
-/// answers. A test holds the gate's lock, runs whatever must race the converge, then drops it.
-#[derive(Debug, Default)]
-pub struct BuildPause {
-    pub armed: AtomicBool,
-    pub built: Notify,
-    pub gate: tokio::sync::Mutex<()>,
-}
-
-#[async_trait]
-impl HostStore for Counting {
-    async fn build(
-        &self,
-        context_archive: &Path,
-        spec: &BuildSpec,
-        log: mpsc::Sender<String>,
-    ) -> Result<Built, HostError> {
-        self.builds.fetch_add(1, Ordering::SeqCst);
-        let built = self.inner.build(context_archive, spec, log).await;
-        let sabotage = self.sweep_after_build.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if built.is_ok() && sabotage.is_ok() {
-            self.inner.remove_tag(&spec.tag).await?;
-        }
-        if self.pause.armed.load(Ordering::SeqCst) {
-            self.pause.built.notify_one();
-            let _open = self.pause.gate.lock().await;
-        }
-        built
-    }
-    async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError> {
-        self.inner.list_labeled().await
-    }
-    async fn list_with_layers(&self) -> Result<Vec<ListedImage>, HostError> {
-        self.inner.list_with_layers().await
-    }
-    async fn tag(&self, id: &str, reference: &str) -> Result<(), HostError> {
-        self.inner.tag(id, reference).await
-    }
-    async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
-        self.inner.inspect(reference).await
-    }
-    async fn push(&self, reference: &str, progress: mpsc::Sender<PushProgress>) -> Result<Pushed, HostError> {
-        self.pushes.fetch_add(1, Ordering::SeqCst);
-        let sabotage = self.sweep_before_push.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if sabotage.is_ok() {
-            self.inner.remove_tag(reference).await?;
-        }
-        self.inner.push(reference, progress).await
-    }
-    async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError> {
-        if self.refuse_removal_of.lock().unwrap().contains(reference) {
-            return Err(HostError::Refused {
-                host: self.inner.host().to_string(),
-                op: "untag",
-                object: reference.to_string(),
-                source: bollard::errors::Error::DockerResponseServerError {
-                    status_code: 409,
-                    message: format!("conflict: the test refuses to untag {reference}"),
-                },
-            });
-        }
-        self.inner.remove_tag(reference).await
-    }
-    async fn remove_image(&self, id: &str) -> Result<Removal, HostError> {
-        self.inner.remove_image(id).await
-    }
-    async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
-        self.inner.images_in_use().await
-    }
-    async fn ping(&self) -> Result<(), HostError> {
-        self.inner.ping().await
-    }
-    async fn kind_load(
-        &self,
-        cluster: &str,
-        reference: &str,
-        id: &str,
-        name: &str,
-    ) -> Result<kiln_agent::host::KindLoad, HostError> {
-        self.inner.kind_load(cluster, reference, id, name).await
-    }
-    async fn kind_nodes(&self) -> Result<Vec<kiln_agent::host::KindNode>, HostError> {
-        self.inner.kind_nodes().await
-    }
-    async fn export(&self, reference: &str) -> Result<kiln_agent::host::ExportStream, HostError> {
-        self.exports.fetch_add(1, Ordering::Relaxed);
-        self.inner.export(reference).await
-    }
-}
 
 /// A coordinator and one host agent, in-process, on a free loopback port.
 #[derive(Debug)]
@@ -185,16 +73,7 @@ impl Farm {
 
     async fn start_with(home: &Path, observed: bool) -> Farm {
         let farm_id = kiln_core::farm::embedded_farm_id("e2e", home);
-        let store = Arc::new(Counting {
-            inner: DockerStore::connect_local().await.expect("the Docker daemon must run for end-to-end tests"),
-            builds: AtomicUsize::new(0),
-            pushes: AtomicUsize::new(0),
-            exports: AtomicUsize::new(0),
-            sweep_before_push: AtomicUsize::new(0),
-            sweep_after_build: AtomicUsize::new(0),
-            refuse_removal_of: Mutex::new(HashSet::new()),
-            pause: BuildPause::default(),
-        });
+        let store = Arc::new(Counting::connect().await.expect("the Docker daemon must run for end-to-end tests"));
         let mut farm = Farm {
             home: home.to_path_buf(),
             farm_id,

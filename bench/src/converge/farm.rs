@@ -1,158 +1,19 @@
 //! The in-process farm the converge benchmarks run against: the real coordinator (`serve`) and a
 //! real host agent (`run_with`) on a free loopback port — the shape of `kiln-e2e`'s `Farm`. The
-//! agent's Docker store is wrapped so the benchmark can count every call it sends to Docker,
+//! agent's Docker store is `kiln-e2e`'s [`Counting`], so the benchmark can count every call it sends to Docker,
 //! listings and inspects included (a no-op converge claims to send Docker nothing at all, so a
 //! count of builds alone could not check it), and time the builds, so a converge's wall time can
 //! be split into Docker's share and Kiln's.
 
 use anyhow::{bail, Context, Result};
-use async_trait::async_trait;
-use kiln_agent::host::{BuildSpec, Built, DockerStore, HostError, HostStore, ImageInfo, PushProgress, Pushed, Removal};
+use kiln_agent::host::HostStore;
 use kiln_coordinator::ServeError;
-use kiln_core::sweep::ListedImage;
+pub use kiln_e2e::{Calls, Counting};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-
-/// The real Docker host store, counting every call and timing builds.
-#[derive(Debug)]
-pub struct CountingStore {
-    inner: DockerStore,
-    builds: AtomicU64,
-    pushes: AtomicU64,
-    lists: AtomicU64,
-    inspects: AtomicU64,
-    removes: AtomicU64,
-    build_nanos: AtomicU64,
-}
-
-/// The calls a store received, or received between two snapshots.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Calls {
-    pub builds: u64,
-    pub pushes: u64,
-    pub lists: u64,
-    pub inspects: u64,
-    pub removes: u64,
-    /// Wall time spent inside Docker's build call (bollard's request until its stream ends).
-    pub build_time: Duration,
-}
-
-impl Calls {
-    pub fn since(self, before: Calls) -> Calls {
-        Calls {
-            builds: self.builds - before.builds,
-            pushes: self.pushes - before.pushes,
-            lists: self.lists - before.lists,
-            inspects: self.inspects - before.inspects,
-            removes: self.removes - before.removes,
-            build_time: self.build_time - before.build_time,
-        }
-    }
-}
-
-impl std::fmt::Display for Calls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} build(s), {} push(es), {} listing(s), {} inspect(s), {} removal(s)",
-            self.builds, self.pushes, self.lists, self.inspects, self.removes
-        )
-    }
-}
-
-impl CountingStore {
-    pub async fn connect() -> Result<CountingStore> {
-        let inner = DockerStore::connect_local().await.context("connecting to the Docker daemon")?;
-        Ok(CountingStore {
-            inner,
-            builds: AtomicU64::new(0),
-            pushes: AtomicU64::new(0),
-            lists: AtomicU64::new(0),
-            inspects: AtomicU64::new(0),
-            removes: AtomicU64::new(0),
-            build_nanos: AtomicU64::new(0),
-        })
-    }
-
-    pub fn calls(&self) -> Calls {
-        Calls {
-            builds: self.builds.load(Ordering::SeqCst),
-            pushes: self.pushes.load(Ordering::SeqCst),
-            lists: self.lists.load(Ordering::SeqCst),
-            inspects: self.inspects.load(Ordering::SeqCst),
-            removes: self.removes.load(Ordering::SeqCst),
-            build_time: Duration::from_nanos(self.build_nanos.load(Ordering::SeqCst)),
-        }
-    }
-}
-
-#[async_trait]
-impl HostStore for CountingStore {
-    async fn build(
-        &self,
-        context_archive: &Path,
-        spec: &BuildSpec,
-        log: mpsc::Sender<String>,
-    ) -> Result<Built, HostError> {
-        self.builds.fetch_add(1, Ordering::SeqCst);
-        let started = Instant::now();
-        let built = self.inner.build(context_archive, spec, log).await;
-        self.build_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::SeqCst);
-        built
-    }
-    async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
-        self.inner.list_labeled().await
-    }
-    async fn list_with_layers(&self) -> Result<Vec<ListedImage>, HostError> {
-        self.inner.list_with_layers().await
-    }
-    async fn tag(&self, id: &str, reference: &str) -> Result<(), HostError> {
-        self.inner.tag(id, reference).await
-    }
-    async fn inspect(&self, reference: &str) -> Result<Option<ImageInfo>, HostError> {
-        self.inspects.fetch_add(1, Ordering::SeqCst);
-        self.inner.inspect(reference).await
-    }
-    async fn push(&self, reference: &str, progress: mpsc::Sender<PushProgress>) -> Result<Pushed, HostError> {
-        self.pushes.fetch_add(1, Ordering::SeqCst);
-        self.inner.push(reference, progress).await
-    }
-    async fn remove_tag(&self, reference: &str) -> Result<Removal, HostError> {
-        self.removes.fetch_add(1, Ordering::SeqCst);
-        self.inner.remove_tag(reference).await
-    }
-    async fn remove_image(&self, id: &str) -> Result<Removal, HostError> {
-        self.removes.fetch_add(1, Ordering::SeqCst);
-        self.inner.remove_image(id).await
-    }
-    async fn export(&self, reference: &str) -> Result<kiln_agent::host::ExportStream, HostError> {
-        self.inner.export(reference).await
-    }
-    async fn kind_load(
-        &self,
-        cluster: &str,
-        reference: &str,
-        id: &str,
-        name: &str,
-    ) -> Result<kiln_agent::host::KindLoad, HostError> {
-        self.inner.kind_load(cluster, reference, id, name).await
-    }
-    async fn kind_nodes(&self) -> Result<Vec<kiln_agent::host::KindNode>, HostError> {
-        self.inner.kind_nodes().await
-    }
-    async fn images_in_use(&self) -> Result<Vec<String>, HostError> {
-        self.lists.fetch_add(1, Ordering::SeqCst);
-        self.inner.images_in_use().await
-    }
-    async fn ping(&self) -> Result<(), HostError> {
-        self.inner.ping().await
-    }
-}
 
 /// A coordinator serving on a free loopback port, on the caller's runtime.
 #[derive(Debug)]
@@ -198,7 +59,7 @@ pub fn loopback_listener(nodelay: bool) -> Result<tokio::net::TcpListener> {
 #[derive(Debug)]
 pub struct Farm {
     pub coordinator: Coordinator,
-    pub store: Arc<CountingStore>,
+    pub store: Arc<Counting>,
     agent_stop: oneshot::Sender<()>,
     agent: JoinHandle<Result<(), kiln_agent::RunError>>,
 }
@@ -209,7 +70,7 @@ impl Farm {
     pub async fn start(home: &Path, nodelay: bool) -> Result<Farm> {
         let farm_id = kiln_core::farm::embedded_farm_id("kiln-bench", home);
         let coordinator = Coordinator::start(&home.join("state"), &farm_id, nodelay).await?;
-        let store = Arc::new(CountingStore::connect().await?);
+        let store = Arc::new(Counting::connect().await.context("connecting to the Docker daemon")?);
         let config = kiln_agent::AgentConfig {
             slots: 0,
             coordinator: coordinator.url.clone(),

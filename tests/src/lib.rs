@@ -1,5 +1,5 @@
 //! `kiln-e2e`: the harness for end-to-end tests against the real Docker daemon, a real registry
-//! (Debian's `docker-registry`) and, later, real containerd (../shared/COMPONENTS.md).
+//! (Debian's `docker-registry`) and real containerd (../shared/COMPONENTS.md).
 //!
 //! A [`Farm`] is a coordinator and a host agent started in-process — the same `serve` and `run`
 //! production uses — on a free loopback port, with its state under a temp `KILN_HOME`. Its agent's
@@ -7,10 +7,13 @@
 //! builds and pushes a converge really sent to Docker. [`Registry`] starts a registry on a free
 //! port and stops it by its PID; [`postgres::Postgres`] a throwaway PostgreSQL cluster the same way;
 //! [`browser::ChromeDriver`] headless Chromium's WebDriver, for the status page.
-//! [`otlp::Collector`] receives the spans of processes that trace. [`oci::push_two_platform`]
-//! pushes a two-platform image straight into a registry, the upstream a pinned image comes from.
+//! [`containerd::Containerd`] runs one containerd per simulated node. [`otlp::Collector`]
+//! receives the spans of processes that trace. [`oci::push_two_platform`] pushes a two-platform
+//! image straight into a registry, the upstream a pinned image comes from. [`Counting`] is the
+//! Docker host store, counting its calls, that the farm's agent and the converge benchmarks run.
 
 pub mod browser;
+pub mod containerd;
 pub mod counting;
 pub mod docker;
 pub mod fixture;

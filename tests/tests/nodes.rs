@@ -4,12 +4,10 @@
 //! The image travels the production path: the host agent's `docker save` goes to the coordinator's
 //! relay, and each node agent imports it from there through containerd's API.
 
-#[path = "../../builder-agent/tests/support_node/mod.rs"]
-mod support_node;
-
 use async_trait::async_trait;
 use kiln_agent::node::{ContainerdStore, ImportBody, ImportSpec, Imported, NodeError, NodeStore, Removal, RemovalMode};
 use kiln_core::sweep::{LABEL_FARM, LABEL_INSTANCE, LABEL_KIND};
+use kiln_e2e::containerd::Containerd;
 use kiln_e2e::fixture::{reference, unique, write};
 use kiln_e2e::wire::{gc, succeeded, up};
 use kiln_e2e::{docker, Farm};
@@ -17,7 +15,6 @@ use kiln_proto::v1 as pb;
 use kiln_proto::v1::converge_event::Kind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use support_node::Containerd;
 
 /// An instance of one image built `FROM scratch`, delivered to the nodes of `cluster`.
 fn instance(into: &Path, name: &str, cluster: &str) -> PathBuf {
@@ -273,7 +270,7 @@ async fn on_a_cri_only_node_a_mixed_id_is_kept_whole_and_reported_and_a_garbage_
     let (gone_tag, gone_id, gone) = saved_garbage_with_id(&farm, "gone");
     for (tag, id, archive) in [(&mixed_tag, &mixed_id, mixed), (&gone_tag, &gone_id, gone)] {
         let spec = ImportSpec { reference: tag.clone(), id: id.clone() };
-        containerd.import(support_node::body(archive), &spec).await.unwrap();
+        containerd.import(kiln_e2e::containerd::body(archive), &spec).await.unwrap();
     }
     // A second, pinned name on the mixed image: a root the CRI could only keep by keeping it all.
     let pinned = format!("docker.io/kiln-test/{}:1", unique("pinned"));

@@ -5,10 +5,8 @@
 //! This machine is amd64 with no binfmt_misc handlers: an arm64 image builds here only because its
 //! Dockerfile runs nothing (`FROM scratch` + `COPY`), which BuildKit builds for any platform.
 
-#[path = "../../builder-agent/tests/support_node/mod.rs"]
-mod support_node;
-
 use kiln_agent::node::NodeStore;
+use kiln_e2e::containerd::Containerd;
 use kiln_e2e::fixture::{reference, unique, write};
 use kiln_e2e::wire::{images_with, succeeded, up};
 use kiln_e2e::{docker, Farm, Registry};
@@ -16,7 +14,6 @@ use kiln_proto::v1 as pb;
 use kiln_proto::v1::converge_event::Kind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use support_node::Containerd;
 
 const LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 const ACCEPT_ANY: &str = "application/vnd.docker.distribution.manifest.list.v2+json, \

@@ -1,10 +1,9 @@
-//! Harness for the node store's tests: one real containerd per simulated node, and test images
-//! built `FROM scratch` on the machine's real Docker daemon and exported with `docker save`.
+//! One real containerd per simulated node, for the node store's adapter tests and the end-to-end
+//! node deliveries, and test images built `FROM scratch` on the machine's real Docker daemon and
+//! exported with `docker save`.
 //!
 //! Each [`Containerd`] has its own root, state and sockets under a temp dir and is killed by its
 //! PID when dropped; each [`SavedImage`] has a unique name and is removed from Docker when dropped.
-
-#![allow(dead_code)] // each test uses a different part of the harness
 
 pub mod hub;
 

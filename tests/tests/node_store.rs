@@ -1,4 +1,4 @@
-//! The node store against real containerd, one per simulated node (support_node), with test images
+//! The node store against real containerd, one per simulated node (`kiln_e2e::containerd`), with test images
 //! built `FROM scratch` on the machine's real Docker daemon and exported by `docker save`. Each test
 //! starts its own containerd, so tests run in parallel without meeting.
 //!
@@ -6,15 +6,13 @@
 //! `sha256:<id>` ref of its own shortly after any image appears in `k8s.io`, and `ctr images
 //! import` (what `kind load` runs) adds an `import-<date>@sha256:<manifest>` ref.
 
-mod support_node;
-
 use kiln_agent::node::{ContainerdStore, ImportSpec, NodeError, NodeStore, Removal};
 use kiln_core::sweep::{
     plan, ListedImage, Policy, RemovalMode, RemovalTarget, Roots, StoreId, StoreKind, StoreListing,
 };
+use kiln_e2e::containerd::{body, synthetic_archive, Containerd, SavedImage, Synthetic};
 use std::collections::BTreeSet;
 use std::time::Duration;
-use support_node::{body, synthetic_archive, Containerd, SavedImage, Synthetic};
 
 const FARM: &str = "node-tests";
 
@@ -404,7 +402,7 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
     let (node, image) = (Containerd::start().await, SavedImage::build(64 << 10));
     let store = node.store().await;
     store.import(image.body(), &spec(&image)).await.unwrap();
-    let mut hub = support_node::hub::StandIn::start().await;
+    let mut hub = kiln_e2e::containerd::hub::StandIn::start().await;
     let scratch = tempfile::tempdir().unwrap();
     let config = kiln_agent::AgentConfig {
         slots: 0,

@@ -513,6 +513,37 @@ async fn converge_events(
     stream.map(|event| event.expect("the event stream holds")).collect().await
 }
 
+/// A coordinator served on a free loopback port with the fake cluster's client as its
+/// `--kubernetes`, its state in a temp dir; stopped by [`ServedCoordinator::stop`].
+struct ServedCoordinator {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), kiln_coordinator::ServeError>>,
+    _state: tempfile::TempDir,
+}
+
+impl ServedCoordinator {
+    async fn start(
+        client: Client,
+    ) -> (kiln_proto::v1::kiln_client::KilnClient<tonic::transport::Channel>, ServedCoordinator) {
+        let state = tempfile::tempdir().unwrap();
+        let mut config = kiln_coordinator::Config::new(state.path(), "farm-k8s");
+        config.kubernetes = Some(KubeConfig::new(client));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(kiln_coordinator::serve(listener, config, async {
+            let _ = stopped.await;
+        }));
+        let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
+        (kiln_proto::v1::kiln_client::KilnClient::new(channel), ServedCoordinator { stop, task, _state: state })
+    }
+
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
 /// Fake API server (none can run here), real coordinator: a served coordinator configured with
 /// the fake cluster publishes `kiln-images` after recording `shop`, reports the pods on its older
 /// ref, sweeps with the cluster's roots; `kiln down` deletes the ConfigMap; and a gc whose
@@ -523,17 +554,7 @@ async fn a_served_converge_publishes_reports_and_down_unpublishes() {
 
     let (client, server) = fake_cluster();
     let served = server.run(Scenario::UpDownGc);
-    let state = tempfile::tempdir().unwrap();
-    let mut config = kiln_coordinator::Config::new(state.path(), "farm-k8s");
-    config.kubernetes = Some(KubeConfig::new(client));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let coordinator = tokio::spawn(kiln_coordinator::serve(listener, config, async {
-        let _ = stopped.await;
-    }));
-    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
-    let mut kiln = pb::kiln_client::KilnClient::new(channel);
+    let (mut kiln, coordinator) = ServedCoordinator::start(client).await;
 
     let up = pb::UpRequest {
         instance: "shop".into(),
@@ -572,8 +593,7 @@ async fn a_served_converge_publishes_reports_and_down_unpublishes() {
 
     let bodies = served.await.unwrap();
     assert_eq!(bodies[1].1["data"], json!({ "api": "shop-api:4a77b1" }));
-    stop.send(()).unwrap();
-    coordinator.await.unwrap().unwrap();
+    coordinator.stop().await;
 }
 
 /// Fake API server (none can run here), real coordinator: with `--kubernetes`, a cluster's
@@ -585,25 +605,14 @@ async fn a_clusters_platforms_include_what_its_kubelets_report() {
 
     let (client, server) = fake_cluster();
     let served = server.run(Scenario::ClusterNodes);
-    let state = tempfile::tempdir().unwrap();
-    let mut config = kiln_coordinator::Config::new(state.path(), "farm-k8s");
-    config.kubernetes = Some(KubeConfig::new(client));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let coordinator = tokio::spawn(kiln_coordinator::serve(listener, config, async {
-        let _ = stopped.await;
-    }));
-    let channel = tonic::transport::Endpoint::from_shared(url).unwrap().connect_lazy();
-    let mut kiln = pb::kiln_client::KilnClient::new(channel);
+    let (mut kiln, coordinator) = ServedCoordinator::start(client).await;
 
     let ask = pb::ClusterPlatformsRequest { kind: "nodes".into(), cluster: "edge".into() };
     let reply = kiln.cluster_platforms(ask).await.unwrap().into_inner();
     assert_eq!(reply.platforms, vec!["linux/amd64", "linux/arm64"]);
     assert!(reply.sources.contains(&"Kubernetes node edge-b: linux/arm64".to_string()), "{:?}", reply.sources);
     served.await.unwrap();
-    stop.send(()).unwrap();
-    coordinator.await.unwrap().unwrap();
+    coordinator.stop().await;
 }
 
 /// Against a real cluster (the ambient kubeconfig; none runs on these machines): publish an

@@ -189,21 +189,7 @@ impl Farm {
         store: Arc<dyn kiln_agent::node::NodeStore>,
         platforms: &[&str],
     ) {
-        let config = kiln_agent::AgentConfig {
-            slots: 0,
-            coordinator: self.url.clone(),
-            agent_id: agent_id.to_string(),
-            scratch_dir: self.home.join("scratch").join(agent_id),
-            cluster: cluster.to_string(),
-            identity: None,
-            metrics: None,
-            health: None,
-            drain_grace: kiln_agent::DRAIN_GRACE,
-            platforms: kiln_agent::Platforms {
-                native: platforms.iter().map(|p| p.to_string()).collect(),
-                binfmt_root: None,
-            },
-        };
+        let config = self.agent_config(agent_id, 0, cluster, platforms, None);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             kiln_agent::run_node_with(config, store, async {
@@ -221,21 +207,7 @@ impl Farm {
     /// machine's) — e.g. an arm64 build host, which on this daemon builds what needs no RUN;
     /// waits until it is connected.
     pub async fn start_host(&mut self, agent_id: &str, platforms: &[&str]) {
-        let config = kiln_agent::AgentConfig {
-            slots: 1,
-            coordinator: self.url.clone(),
-            agent_id: agent_id.to_string(),
-            scratch_dir: self.home.join("scratch").join(agent_id),
-            cluster: String::new(),
-            identity: None,
-            metrics: None,
-            health: None,
-            drain_grace: kiln_agent::DRAIN_GRACE,
-            platforms: kiln_agent::Platforms {
-                native: platforms.iter().map(|p| p.to_string()).collect(),
-                binfmt_root: Some(self.binfmt_root()),
-            },
-        };
+        let config = self.agent_config(agent_id, 1, "", platforms, Some(self.binfmt_root()));
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
         let task = tokio::spawn(async move {
@@ -247,6 +219,30 @@ impl Farm {
         });
         self.nodes.push((tx, task));
         self.wait_connected(agent_id).await;
+    }
+
+    /// An extra agent's configuration: this farm's coordinator, a scratch dir of its own, and
+    /// `platforms` announced (empty: this machine's).
+    fn agent_config(
+        &self,
+        agent_id: &str,
+        slots: u32,
+        cluster: &str,
+        platforms: &[&str],
+        binfmt_root: Option<PathBuf>,
+    ) -> kiln_agent::AgentConfig {
+        kiln_agent::AgentConfig {
+            slots,
+            coordinator: self.url.clone(),
+            agent_id: agent_id.to_string(),
+            scratch_dir: self.home.join("scratch").join(agent_id),
+            cluster: cluster.to_string(),
+            identity: None,
+            metrics: None,
+            health: None,
+            drain_grace: kiln_agent::DRAIN_GRACE,
+            platforms: kiln_agent::Platforms { native: platforms.iter().map(|p| p.to_string()).collect(), binfmt_root },
+        }
     }
 
     async fn wait_connected(&self, agent_id: &str) {

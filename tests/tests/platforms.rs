@@ -99,6 +99,74 @@ async fn two_platforms_become_one_index_in_the_registry_and_a_second_converge_mo
     }
 }
 
+/// Each platform of the child `app` carries that platform's base layer under its own, and no
+/// other; each node holds the child's image of its platform under the content ref.
+async fn child_on_its_base(base: &str, app: &str, amd: &Containerd, arm: &Containerd) {
+    for (token, other, node) in [("amd64", "arm64", amd), ("arm64", "amd64", arm)] {
+        let platform_app = format!("{app}-{token}");
+        let (base_layers, app_layers) = (docker::layers(&format!("{base}-{token}")), docker::layers(&platform_app));
+        assert_eq!(docker::platform(&platform_app), Some(format!("linux/{token}")));
+        assert_eq!(app_layers.len(), base_layers.len() + 1, "{token}: {app_layers:?}");
+        assert!(app_layers.starts_with(&base_layers), "{token}: {base_layers:?} under {app_layers:?}");
+        let other_base = docker::layers(&format!("{base}-{other}"));
+        assert_ne!(base_layers, other_base, "the platforms' bases differ");
+        assert!(!app_layers.starts_with(&other_base), "{token}: built on the {other} base");
+        assert!(holds(node, app, &docker::image_id(&platform_app).unwrap()).await, "the {token} node");
+    }
+}
+
+/// A `nodes` target, so the content ref names no image anywhere a build could read it (in a
+/// registry it would name the index, which a build pulls its platform from): each platform of the
+/// child must build on the base's image of that platform, on the host holding it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_platform_child_builds_each_platform_on_its_shared_bases_image_of_that_platform() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut farm = Farm::start(&tmp.path().join("home")).await;
+    let cluster = unique("mpb");
+    let (amd, arm) = (Containerd::start().await, Containerd::start().await);
+    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
+    farm.start_node_on(&cluster, &format!("{cluster}-arm"), Arc::new(arm.store().await), &["linux/arm64"]).await;
+    let dir = tmp.path().join(unique("mpbase"));
+    let manifest = format!(
+        "instance = \"{}\"\nplatforms = [\"linux/amd64\", \"linux/arm64\"]\n\n\
+         [target]\nkind = \"nodes\"\ncluster = \"{cluster}\"\n\n\
+         [built.base]\ncontext = \"base\"\nshared = true\n\n[built.app]\ncontext = \"app\"\n",
+        unique("mpbase"),
+    );
+    write(&dir, "kiln.toml", &manifest);
+    // The base differs by platform without running anything: BuildKit names the platform it
+    // builds for in TARGETARCH, so each platform's base copies its own file.
+    write(&dir, "base/Dockerfile", "FROM scratch\nARG TARGETARCH\nCOPY ${TARGETARCH}.txt /arch.txt\n");
+    write(&dir, "base/amd64.txt", "the amd64 base\n");
+    write(&dir, "base/arm64.txt", "the arm64 base\n");
+    write(&dir, "app/Dockerfile", "FROM base\nCOPY app.txt /app.txt\n");
+    write(&dir, "app/app.txt", "the app, first\n");
+
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(farm.builds(), 4, "one build per platform per image");
+    let (base, app) = (reference(&dir, "base"), reference(&dir, "app"));
+    assert!(base.ends_with("-amd64.arm64") && app.ends_with("-amd64.arm64"), "{base} {app}");
+    child_on_its_base(&base, &app, &amd, &arm).await;
+
+    // Only the child moves: the base is recorded as it was, and each platform of the child is
+    // built again on the base's image of that platform, found in the hosts' inventories.
+    write(&dir, "app/app.txt", "the app, second\n");
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(images_with(&events, Kind::Recorded), vec!["base"], "{events:#?}");
+    assert_eq!(farm.builds(), 6, "the child's two platforms only");
+    let moved = reference(&dir, "app");
+    assert_ne!(moved, app);
+    child_on_its_base(&base, &moved, &amd, &arm).await;
+    farm.stop().await;
+    for reference in [&base, &app, &moved] {
+        for token in ["amd64", "arm64"] {
+            docker::remove(&format!("{reference}-{token}"));
+        }
+    }
+}
+
 async fn holds(node: &Containerd, reference: &str, id: &str) -> bool {
     node.store().await.holds(reference, id).await.unwrap()
 }
@@ -131,6 +199,7 @@ async fn each_node_imports_its_own_platform_under_the_multi_platform_ref() {
 
     let events = up(&farm.url, &dir, false).await;
     assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(images_with(&events, Kind::Recorded), vec!["app"], "one record, said once: {events:#?}");
     assert_eq!(farm.builds(), 2, "a second converge builds nothing");
     assert_eq!(farm.exports(), 2, "nodes holding their platform's image take nothing");
     farm.stop().await;

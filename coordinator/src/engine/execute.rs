@@ -259,7 +259,14 @@ impl Engine {
     /// when it moved nothing, else which nodes had lost it.
     fn confirmed(&self, d: &Decision<'_>, moved: Vec<String>, generation: u64, events: &Events) {
         let name = d.image.name.as_str();
-        let reference = d.image.reference.clone();
+        // One platform's task of a multi-platform image: the nodes hold the content ref, and the
+        // record is one — said once, by the set's first platform, when nothing moved.
+        let reference = d.index.unwrap_or(&d.image.reference).to_string();
+        if let (Some(content), true) = (d.index, moved.is_empty()) {
+            if kiln_core::refs::platform_refs(content).first() != Some(&d.image.reference) {
+                return;
+            }
+        }
         let reason = match moved.is_empty() {
             true => Reason::Recorded,
             false => Reason::Gone { store: moved.join(", "), generation },

@@ -1,6 +1,7 @@
 //! Step 5 for every image at once: each image that needs more than a skip is a task of its own,
 //! built wherever the queue gives it a slot and delivered from there; an image built `FROM`
-//! another image of the converge waits for it and builds on the agent that holds it. The first
+//! another image of the converge waits for it and builds on the agent that holds it (each
+//! platform of a multi-platform image on the agent holding the base's image of that platform). The first
 //! failure ends the converge: the other tasks are dropped, which takes them out of the queue and
 //! stops what their agents run.
 
@@ -19,10 +20,13 @@ use crate::hub::{AgentConn, HeldRef};
 use crate::model::{Action, ConvergeId, RecordedImage};
 use crate::plan::UpPlan;
 
-/// Where each image of the converge ended up: the agent holding it, once it is there. `None`
-/// inside: the image failed.
-struct Graph {
-    done: HashMap<String, watch::Sender<Option<Option<String>>>>,
+/// Where one image of the converge ended up: per platform it was built for (the decision's
+/// platform for a one-platform image), the agent holding that platform's image.
+pub(super) type Holders = Vec<(String, String)>;
+
+/// Where each image of the converge ended up, once it is there. `None` inside: the image failed.
+pub(super) struct Graph {
+    done: HashMap<String, watch::Sender<Option<Option<Holders>>>>,
 }
 
 impl Graph {
@@ -31,19 +35,20 @@ impl Graph {
         Graph { done }
     }
 
-    fn finish(&self, name: &str, agent: Option<String>) {
+    fn finish(&self, name: &str, holders: Option<Holders>) {
         if let Some(tx) = self.done.get(name) {
-            tx.send_replace(Some(agent));
+            tx.send_replace(Some(holders));
         }
     }
 
-    /// Waits for `name`; the agent that holds it, or `None` if it failed or is not built here.
-    async fn wait(&self, name: &str) -> Result<Option<String>, ()> {
-        let Some(tx) = self.done.get(name) else { return Ok(None) };
+    /// Waits for `name`; where it is held (empty: nowhere known, or not built here), or `Err` if
+    /// it failed.
+    pub(super) async fn wait(&self, name: &str) -> Result<Holders, ()> {
+        let Some(tx) = self.done.get(name) else { return Ok(Vec::new()) };
         let mut rx = tx.subscribe();
         loop {
-            if let Some(agent) = rx.borrow_and_update().clone() {
-                return agent.map(Some).ok_or(());
+            if let Some(holders) = rx.borrow_and_update().clone() {
+                return holders.ok_or(());
             }
             if rx.changed().await.is_err() {
                 return Err(());
@@ -74,12 +79,10 @@ impl Engine {
                 let span = tracing::info_span!("image", otel.name = %format!("image {}", d.image.name), action = d.action.word());
                 async move {
                     let result = match placements.get(&d.image.name).filter(|_| d.action != Action::Skip) {
-                        Some(vias) => {
-                            self.run_platforms(home, id, plan, d, vias, generation, events).await.map(|e| (e, None))
-                        }
+                        Some(vias) => self.run_platforms(home, id, plan, d, vias, generation, events, graph).await,
                         None => self.run_one(home, id, plan, d, generation, events, graph).await,
                     };
-                    graph.finish(&d.image.name, result.as_ref().ok().and_then(|(_, agent)| agent.clone()));
+                    graph.finish(&d.image.name, result.as_ref().ok().map(|(_, holders)| holders.clone()));
                     (i, result.map(|(entry, _)| entry))
                 }
                 .instrument(span)
@@ -118,13 +121,13 @@ impl Engine {
         generation: u64,
         events: &Events,
         graph: &Graph,
-    ) -> Result<(RecordedImage, Option<String>), Failure> {
+    ) -> Result<(RecordedImage, Holders), Failure> {
         let name = d.image.name.as_str();
         // The base exists on the daemon that built it: the child builds there too.
         let mut required = None;
         for base in &d.inputs.from {
             match graph.wait(base).await {
-                Ok(agent) => required = required.or(agent),
+                Ok(holders) => required = required.or(holders.into_iter().next().map(|(_, agent)| agent)),
                 Err(()) => {
                     return Err(Failure::of(name, format!("not built: the image it builds FROM, {base}, failed")))
                 }
@@ -133,19 +136,19 @@ impl Engine {
         match (d.action, d.recorded) {
             (Action::Skip, Some(entry)) => {
                 let holder = home.holds(&HeldRef::of(&d.image.reference)).then(|| home.id.clone());
-                Ok((entry.clone(), holder))
+                Ok((entry.clone(), holder.map(|agent| (d.platform.clone(), agent)).into_iter().collect()))
             }
             (Action::Build, _) => {
                 let grant = self.build_placed(id, plan, d, &d.reason, required, events).await?;
                 let agent = grant.agent.clone();
                 let mut slot = Some(grant);
                 let entry = self.deliver_from(&agent, &mut slot, id, plan, d, generation, events).await?;
-                Ok((entry, Some(agent.id.clone())))
+                Ok((entry, vec![(d.platform.clone(), agent.id.clone())]))
             }
             _ => {
                 self.announce_held(plan, d, events);
                 let entry = self.deliver_from(home, &mut None, id, plan, d, generation, events).await?;
-                Ok((entry, Some(home.id.clone())))
+                Ok((entry, vec![(d.platform.clone(), home.id.clone())]))
             }
         }
     }

@@ -15,6 +15,9 @@
 //! - `local`: refused before anything is claimed — a Docker daemon runs one platform, so a second
 //!   one would be built for nobody.
 //!
+//! An image built `FROM` a base of the same converge builds each platform FROM the base's image of
+//! that platform (its `FROM` rewritten to the platform ref, [`on_bases`]), on the agent holding it.
+//!
 //! Emulation preflight: before any build, every platform that no connected host builds natively
 //! and whose Dockerfile runs a command must be run by some host's binfmt_misc handlers (agents
 //! announce them in their hello), or the converge fails naming the platform and the fix.
@@ -26,6 +29,7 @@ use futures_util::future::try_join_all;
 use kiln_core::refs::{platform_ref, ImageRef, Platform};
 
 use super::decide::{address_inputs, Decision};
+use super::parallel::{Graph, Holders};
 use super::{Engine, Failure};
 use crate::deliver::{self, DeliverError, NodesDelivered};
 use crate::events::Events;
@@ -91,17 +95,6 @@ impl Engine {
         let mut placements = Placements::new();
         for d in decisions.iter().filter(|d| d.action != Action::Skip) {
             let name = d.image.name.as_str();
-            if !d.inputs.from.is_empty() {
-                return Err(Failure::of(
-                    name,
-                    format!(
-                        "it builds FROM {}, built by this converge: a multi-platform image cannot build FROM \
-                         another one yet (a daemon holds each platform under its own tag) — list one platform, or \
-                         make the base a pinned or brought image",
-                        d.inputs.from.join(", ")
-                    ),
-                ));
-            }
             let mut runs: Option<bool> = None;
             let mut vias = Vec::new();
             for platform in &plan.platforms {
@@ -152,6 +145,8 @@ impl Engine {
 
     /// Builds (or re-delivers) every platform of `d` and puts them together under its content
     /// ref; returns the image's record entry.
+    /// An image built FROM a base of the converge waits for it, and builds each platform FROM
+    /// the base's image of that platform, on the agent that holds it.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn run_platforms(
         &self,
@@ -162,9 +157,18 @@ impl Engine {
         vias: &[(String, Via)],
         generation: u64,
         events: &Events,
-    ) -> Result<RecordedImage, Failure> {
+        graph: &Graph,
+    ) -> Result<(RecordedImage, Holders), Failure> {
         let name = d.image.name.as_str();
         let content = d.image.reference.as_str();
+        let mut bases = Vec::with_capacity(d.inputs.from.len());
+        for base in &d.inputs.from {
+            let Ok(holders) = graph.wait(base).await else {
+                return Err(Failure::of(name, format!("not built: the image it builds FROM, {base}, failed")));
+            };
+            let reference = plan.images.iter().find(|i| &i.name == base).map(|i| i.reference.clone());
+            bases.push(Base { reference: reference.unwrap_or_default(), holders });
+        }
         let mut images = Vec::with_capacity(vias.len());
         for (platform, _) in vias {
             let parsed = Platform::parse(platform).map_err(|err| Failure::of(name, err.to_string()))?;
@@ -174,10 +178,12 @@ impl Engine {
         }
         let connected = self.hub.connected();
         let hosts = connected.as_slice();
-        let runs = images.iter().zip(vias).map(|((image, _), (platform, via))| async move {
+        let bases = bases.as_slice();
+        let runs = images.iter().zip(vias).map(|((image, parsed), (platform, via))| async move {
+            let inputs = on_bases(d.inputs, bases, parsed);
             let mut pd = Decision {
                 image,
-                inputs: d.inputs,
+                inputs: &inputs,
                 action: d.action,
                 reason: d.reason.clone(),
                 recorded: None,
@@ -192,6 +198,8 @@ impl Engine {
                 Target::Kind { cluster } => super::platform_kind::kind_host(hosts, cluster, platform),
                 _ => None,
             };
+            // Built FROM a base of the converge: where the base's image of this platform is.
+            let base_host = bases.iter().find_map(|b| b.holder(platform, parsed, |r| self.holder(home, r)));
             // A delivery again (a recorded `nodes` or `kind` image) reads the platform's image
             // from a host that holds it; none does: it is built again, and the reason says it
             // was gone.
@@ -201,21 +209,26 @@ impl Engine {
                 (_, None) => self.holder(home, &pd.image.reference),
             };
             match holder {
-                Some(host) => self.deliver_from(&host, &mut None, id, plan, &pd, generation, events).await,
+                Some(host) => {
+                    let entry = self.deliver_from(&host, &mut None, id, plan, &pd, generation, events).await?;
+                    Ok::<_, Failure>((entry, (platform.clone(), host.id.clone())))
+                }
                 None => {
                     if pd.action != Action::Build {
                         pd.action = Action::Build;
                         pd.reason = Reason::Gone { store: crate::sweep::host_store_of(home), generation };
                     }
-                    let required = kind_host.as_ref().map(|k| k.id.clone());
+                    let required = kind_host.as_ref().map(|k| k.id.clone()).or(base_host);
                     let grant = self.build_placed(id, plan, &pd, &pd.reason, required, events).await?;
                     let agent = grant.agent.clone();
                     let mut slot = Some(grant);
-                    self.deliver_from(&agent, &mut slot, id, plan, &pd, generation, events).await
+                    let entry = self.deliver_from(&agent, &mut slot, id, plan, &pd, generation, events).await?;
+                    Ok((entry, (platform.clone(), agent.id.clone())))
                 }
             }
         });
-        let entries = try_join_all(runs).await?;
+        let built: Vec<(RecordedImage, (String, String))> = try_join_all(runs).await?;
+        let (entries, holders): (Vec<RecordedImage>, Holders) = built.into_iter().unzip();
         if let Target::Registry { .. } = plan.target {
             self.push_index(name, content, &images, events).await?;
         }
@@ -230,7 +243,7 @@ impl Engine {
             // Each platform is its own image: no one id names them.
             image_id: None,
         };
-        Ok(entry)
+        Ok((entry, holders))
     }
 
     /// The connected host that holds `reference` by the inventories the coordinator keeps:
@@ -297,5 +310,80 @@ impl Engine {
         }
         let to = deliver::Nodes { nodes: &nodes, cluster, source: &d.image.reference, reference: content };
         deliver::deliver_to(&self.relay, host, id.as_str(), to, &d.image.name, narrate, events).await
+    }
+}
+
+/// A base of the converge that a multi-platform image builds FROM.
+struct Base {
+    /// Its content ref: what the child's Dockerfile names in its `FROM`.
+    reference: String,
+    /// Where this converge left each platform's image of it.
+    holders: Holders,
+}
+
+impl Base {
+    /// The agent holding the base's image of `platform`: where this converge built it, else (a
+    /// base this converge skipped) whichever host's inventory holds its platform ref.
+    fn holder(
+        &self,
+        platform: &str,
+        parsed: &Platform,
+        held: impl Fn(&str) -> Option<Arc<AgentConn>>,
+    ) -> Option<String> {
+        let built = self.holders.iter().find(|(p, _)| p == platform).map(|(_, agent)| agent.clone());
+        built.or_else(|| held(&platform_ref(&self.reference, parsed)).map(|a| a.id.clone()))
+    }
+}
+
+/// `inputs` as built for `platform`: each `FROM` naming a base's content ref names the base's
+/// image of that platform instead (`<base ref>-<token>`, the tag it wears on its build host and in
+/// a registry). A daemon holds each platform of a base under its own tag, so the content ref —
+/// an index in a registry, nothing on a host — cannot be built on. The address is not touched: it
+/// covers the Dockerfile naming the content ref, which names every platform's image.
+fn on_bases(inputs: &BuildInputs, bases: &[Base], platform: &Platform) -> BuildInputs {
+    let mut built = inputs.clone();
+    let Ok(text) = std::str::from_utf8(&inputs.dockerfile_outside) else { return built };
+    let swaps: Vec<_> = kiln_core::dockerfile::from_images(text)
+        .into_iter()
+        .filter(|f| bases.iter().any(|b| b.reference == f.image))
+        .map(|f| (f.span, platform_ref(&f.image, platform)))
+        .collect();
+    if !swaps.is_empty() {
+        built.dockerfile_outside = kiln_core::dockerfile::rewrite(text, &swaps).into_bytes();
+    }
+    built
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_core::digest::TreeDigest;
+
+    #[test]
+    fn a_from_naming_a_base_names_its_platform_image_and_nothing_else_moves() {
+        let base = "127.0.0.1:5000/shop-base:4a77b1c2d3e4-amd64.arm64";
+        let text = format!(
+            "FROM busybox:1.36 AS tools\nFROM {base} AS app\nCOPY --from=tools /bin/sh /sh\nFROM {base}-amd64\n"
+        );
+        let inputs = BuildInputs {
+            context: TreeDigest([7; 32]),
+            dockerfile: "Dockerfile".to_string(),
+            dockerfile_outside: text.clone().into_bytes(),
+            args: Default::default(),
+            target_stage: String::new(),
+            shared: false,
+            dockerfile_digest: String::new(),
+            from: vec!["base".to_string()],
+        };
+        let bases = [Base { reference: base.to_string(), holders: Vec::new() }];
+        let arm = on_bases(&inputs, &bases, &Platform::parse("linux/arm64").unwrap());
+        let expected = format!(
+            "FROM busybox:1.36 AS tools\nFROM {base}-arm64 AS app\nCOPY --from=tools /bin/sh /sh\nFROM {base}-amd64\n"
+        );
+        assert_eq!(String::from_utf8(arm.dockerfile_outside).unwrap(), expected);
+        assert_eq!(inputs.dockerfile_outside, text.as_bytes(), "the addressed bytes are left as they were");
+        // No base named: the bytes are built as sent.
+        let alone = on_bases(&inputs, &[], &Platform::parse("linux/arm64").unwrap());
+        assert_eq!(alone.dockerfile_outside, text.as_bytes());
     }
 }

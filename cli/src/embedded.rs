@@ -242,6 +242,55 @@ where
     }
 }
 
+/// [`with_coordinator`], with `first` (the walk and addressing of `kiln up`) run while the
+/// coordinator comes up rather than before: the embedded coordinator's and agent's start — or a
+/// served coordinator's dial — and the walk each take tens of milliseconds of a no-op `kiln up`,
+/// and neither needs the other. `command` gets what `first` made. A `first` that fails is the error
+/// shown: a broken context is what the user must fix first. The embedded parts are let finish
+/// starting and then stopped, so a failed walk leaves `$KILN_HOME` as a finished command does.
+pub async fn with_coordinator_after<A, T, P, F, Fut>(
+    connect: &Connect,
+    need_agent: bool,
+    first: P,
+    command: F,
+) -> Result<T, CliError>
+where
+    P: Future<Output = Result<A, CliError>>,
+    F: FnOnce(Link, A) -> Fut,
+    Fut: Future<Output = Result<T, CliError>>,
+{
+    match &connect.coordinator {
+        Some(url) => {
+            // The first failure ends both: a walk that fails does not wait out the dial's retries.
+            let dial = async { connect::dial_with(url, connect.retry_window, &connect.credentials()?).await };
+            let (made, link) = tokio::try_join!(first, dial)?;
+            command(link, made).await
+        }
+        None => {
+            let site = EmbeddedSite::prepare(connect.kiln_home.as_deref())?;
+            let starting = async move {
+                let lock = lock_home(&site).await?;
+                let started = Embedded::start(site, need_agent, connect.retry_window).await?;
+                Ok::<_, CliError>((lock, started))
+            };
+            match tokio::join!(first, starting) {
+                (Ok(made), Ok((lock, (embedded, link)))) => {
+                    let result = command(link, made).await;
+                    embedded.shutdown().await;
+                    drop(lock);
+                    result
+                }
+                (Err(err), Ok((lock, (embedded, _)))) => {
+                    embedded.shutdown().await;
+                    drop(lock);
+                    Err(err)
+                }
+                (Err(err), Err(_)) | (Ok(_), Err(err)) => Err(err),
+            }
+        }
+    }
+}
+
 /// Runs a read (`status`, `logs`, `pins`) against the coordinator `connect` names, or an embedded
 /// one. Reads need no lock: while another `kiln` holds `$KILN_HOME` (a long `kiln up`), a
 /// read-only coordinator serves the state beside it instead of waiting for it to finish.

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use crate::connect::{self, Kind, Link};
-use crate::embedded::with_coordinator;
+use crate::embedded::{with_coordinator, with_coordinator_after};
 use crate::error::{CliError, Exit};
 use crate::event::{Event, EventKind, Outcome};
 use crate::render::{renderer, OutputMode, Render};
@@ -122,9 +122,20 @@ pub async fn up_with(args: &UpArgs, render: &mut dyn Render) -> Result<UpOutcome
             converge(link, &plan, shown).await
         })
         .await
-    } else {
+    } else if manifest.built().any(|(_, image)| image.stage.is_some()) {
+        // A staging command is the user's program, and may take minutes or fail: nothing is
+        // started, and `$KILN_HOME` is not taken, before it has run.
         let plan = prepare(args, manifest, &mut *render).await?;
         with_coordinator(&args.connect, true, |link| converge(link, &plan, &mut *render)).await
+    } else {
+        let planning = async {
+            let plan = prepare(args, manifest, &mut *render).await?;
+            Ok((plan, &mut *render))
+        };
+        with_coordinator_after(&args.connect, true, planning, |link, (plan, shown)| async move {
+            converge(link, &plan, shown).await
+        })
+        .await
     };
     render.finish().map_err(CliError::Output)?;
     outcome

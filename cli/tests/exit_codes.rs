@@ -171,3 +171,46 @@ fn a_reader_that_stops_early_is_not_an_error() {
     assert!(!stderr.to_lowercase().contains("broken pipe"), "stderr: {stderr}");
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
 }
+
+/// An instance whose context holds a fifo, which the walk refuses.
+fn with_a_fifo(into: &Path) -> PathBuf {
+    let dir = into.join("fifo");
+    std::fs::create_dir_all(dir.join("app")).unwrap();
+    std::fs::write(
+        dir.join("kiln.toml"),
+        "instance = \"fifo\"\n[target]\nkind = \"local\"\n[built.app]\ncontext = \"app\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("app/Dockerfile"), "FROM scratch\n").unwrap();
+    assert!(Command::new("mkfifo").arg(dir.join("app/pipe")).status().unwrap().success());
+    dir
+}
+
+/// The walk runs while the coordinator comes up: when it fails, its error is the one shown — also
+/// when the coordinator cannot be reached — and the embedded parts stop quietly and free
+/// `$KILN_HOME` for the next command.
+#[test]
+fn a_walk_that_fails_while_the_coordinator_starts_is_what_kiln_up_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = with_a_fifo(tmp.path());
+    let home = tmp.path().join("home");
+    let up = |extra: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        cmd.arg("up").arg(&dir).args(extra).env("KILN_HOME", &home).env_remove("KILN_COORDINATOR");
+        cmd.output().unwrap()
+    };
+    let out = up(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("pipe") && stderr.contains("fifo"), "stderr: {stderr}");
+    assert!(!stderr.contains("warning"), "the embedded parts stopped quietly: {stderr}");
+    let lock = std::fs::File::open(home.join("embedded.lock")).unwrap();
+    assert!(lock.try_lock().is_ok(), "$KILN_HOME is free again");
+    drop(lock);
+
+    let url = closed_port_url();
+    let out = up(&["--coordinator", &url, "--retry-window", "1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "the walk's error, not the unreachable coordinator's: {stderr}");
+    assert!(stderr.contains("fifo") && !stderr.contains("cannot reach the coordinator"), "stderr: {stderr}");
+}

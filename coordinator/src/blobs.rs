@@ -72,15 +72,16 @@ pub struct Received {
 }
 
 impl Blobs {
-    /// Opens `dir`; with `clean_up`, removing half-written blobs a crash left.
+    /// Opens `dir`; with `clean_up`, removing half-written blobs a crash left. They are written
+    /// in a directory of their own ([`INCOMING`], beside the blobs so a rename lands them), so
+    /// finding them never lists the blobs: a store of 100,000 files would cost every embedded
+    /// command's start a long `readdir`.
     pub fn open(dir: PathBuf, clean_up: bool) -> std::io::Result<Blobs> {
-        std::fs::create_dir_all(&dir)?;
+        let incoming = dir.join(INCOMING);
+        std::fs::create_dir_all(&incoming)?;
         if clean_up {
-            for entry in std::fs::read_dir(&dir)? {
-                let entry = entry?;
-                if entry.file_name().to_string_lossy().starts_with(".upload-") {
-                    let _ = std::fs::remove_file(entry.path());
-                }
+            for entry in std::fs::read_dir(&incoming)? {
+                let _ = std::fs::remove_file(entry?.path());
             }
         }
         Ok(Blobs {
@@ -256,7 +257,7 @@ impl Blobs {
     }
 
     fn tmp(&self, hash: &[u8; 32]) -> PathBuf {
-        self.dir.join(format!(".upload-{}-{:08x}", hex::encode(hash), fastrand::u32(..)))
+        self.dir.join(INCOMING).join(format!("{}-{:08x}", hex::encode(hash), fastrand::u32(..)))
     }
 
     /// Deletes every stored blob that `reachable` does not name and no pending context whose claim
@@ -276,7 +277,10 @@ impl Blobs {
             let name = entry.file_name();
             let Some(hash) = name.to_str().and_then(|n| hex::decode(n).ok()).and_then(|h| <[u8; 32]>::try_from(h).ok())
             else {
-                continue; // an upload's temp file, or something Kiln did not name: never touched
+                if !dry_run {
+                    forsaken_upload(&entry);
+                }
+                continue; // the uploads' directory, or something Kiln did not name: never touched
             };
             stored.push((hash, entry.path()));
         }
@@ -328,6 +332,22 @@ impl Blobs {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// Where blobs are written before they are renamed into place, beside them.
+const INCOMING: &str = ".incoming";
+
+/// Removes `entry` if it is a temp file an older coordinator wrote beside the blobs
+/// (`.upload-<hash>-<n>`) and left there over an hour ago: no upload runs that long, and nothing
+/// but a collection ever lists this directory to find it.
+fn forsaken_upload(entry: &std::fs::DirEntry) {
+    if !entry.file_name().to_string_lossy().starts_with(".upload-") {
+        return;
+    }
+    let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    if age.is_some_and(|age| age > std::time::Duration::from_secs(3600)) {
+        let _ = std::fs::remove_file(entry.path());
     }
 }
 
@@ -386,11 +406,32 @@ mod tests {
         blobs.receive(rx, 1 << 30)
     }
 
+    /// Every file under the blob directory, temp files included.
     fn files(blobs: &Blobs) -> Vec<String> {
-        let mut names: Vec<String> =
-            std::fs::read_dir(blobs.dir()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
-        names.sort();
-        names
+        let names = |dir: &Path| -> Vec<String> {
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect()
+        };
+        let mut all: Vec<String> = names(blobs.dir()).into_iter().filter(|n| n != INCOMING).collect();
+        all.extend(names(&blobs.dir().join(INCOMING)).into_iter().map(|n| format!("{INCOMING}/{n}")));
+        all.sort();
+        all
+    }
+
+    #[test]
+    fn a_half_written_blob_a_crash_left_is_removed_when_the_store_opens_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let blobs = Blobs::open(tmp.path().join("blobs"), true).unwrap();
+        let got = receive(&blobs, vec![vec![piece(b"kept", b"kept", 0)]]).unwrap();
+        assert_eq!(got.blobs, 1);
+        let torn = blobs.tmp(&[9; 32]);
+        std::fs::write(&torn, b"half").unwrap();
+        assert_eq!(files(&blobs).len(), 2, "{:?}", files(&blobs));
+        let reopened = Blobs::open(tmp.path().join("blobs"), true).unwrap();
+        assert_eq!(
+            files(&reopened),
+            [hex::encode(blake3::hash(b"kept").as_bytes())],
+            "the torn one went, the blob stayed"
+        );
     }
 
     #[test]

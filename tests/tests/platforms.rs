@@ -122,10 +122,7 @@ async fn child_on_its_base(base: &str, app: &str, amd: &Containerd, arm: &Contai
 async fn a_multi_platform_child_builds_each_platform_on_its_shared_bases_image_of_that_platform() {
     let tmp = tempfile::tempdir().unwrap();
     let mut farm = Farm::start(&tmp.path().join("home")).await;
-    let cluster = unique("mpb");
-    let (amd, arm) = (Containerd::start().await, Containerd::start().await);
-    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
-    farm.start_node_on(&cluster, &format!("{cluster}-arm"), Arc::new(arm.store().await), &["linux/arm64"]).await;
+    let (cluster, amd, arm) = amd_and_arm_nodes(&mut farm, "mpb").await;
     let dir = tmp.path().join(unique("mpbase"));
     let manifest = format!(
         "instance = \"{}\"\nplatforms = [\"linux/amd64\", \"linux/arm64\"]\n\n\
@@ -167,6 +164,16 @@ async fn a_multi_platform_child_builds_each_platform_on_its_shared_bases_image_o
     }
 }
 
+/// A cluster of two simulated node agents, each on a real containerd: one announcing amd64, one
+/// arm64. Returns the cluster's name and the two stores.
+async fn amd_and_arm_nodes(farm: &mut Farm, prefix: &str) -> (String, Containerd, Containerd) {
+    let cluster = unique(prefix);
+    let (amd, arm) = (Containerd::start().await, Containerd::start().await);
+    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
+    farm.start_node_on(&cluster, &format!("{cluster}-arm"), Arc::new(arm.store().await), &["linux/arm64"]).await;
+    (cluster, amd, arm)
+}
+
 async fn holds(node: &Containerd, reference: &str, id: &str) -> bool {
     node.store().await.holds(reference, id).await.unwrap()
 }
@@ -175,10 +182,7 @@ async fn holds(node: &Containerd, reference: &str, id: &str) -> bool {
 async fn each_node_imports_its_own_platform_under_the_multi_platform_ref() {
     let tmp = tempfile::tempdir().unwrap();
     let mut farm = Farm::start(&tmp.path().join("home")).await;
-    let cluster = unique("mp");
-    let (amd, arm) = (Containerd::start().await, Containerd::start().await);
-    farm.start_node_on(&cluster, &format!("{cluster}-amd"), Arc::new(amd.store().await), &["linux/amd64"]).await;
-    farm.start_node_on(&cluster, &format!("{cluster}-arm"), Arc::new(arm.store().await), &["linux/arm64"]).await;
+    let (cluster, amd, arm) = amd_and_arm_nodes(&mut farm, "mp").await;
     let target = format!("kind = \"nodes\"\ncluster = \"{cluster}\"");
     let dir = instance(tmp.path(), &unique("mpnodes"), &["linux/amd64", "linux/arm64"], &target, COPY_ONLY);
 

@@ -143,15 +143,7 @@ fn agent(urls: &str, scratch: &Path) -> tokio::sync::oneshot::Sender<()> {
     let host: Arc<dyn kiln_agent::host::HostStore> = SimHost::new("bench-sim", Duration::from_millis(20));
     let config = kiln_agent::AgentConfig {
         slots: 2,
-        coordinator: urls.to_string(),
-        agent_id: "bench-sim".into(),
-        scratch_dir: scratch.to_path_buf(),
-        cluster: String::new(),
-        identity: None,
-        metrics: None,
-        health: None,
-        drain_grace: kiln_agent::DRAIN_GRACE,
-        platforms: Default::default(),
+        ..kiln_agent::AgentConfig::new(urls.to_string(), "bench-sim", scratch.to_path_buf())
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(kiln_agent::run_with(config, host, async {

@@ -150,17 +150,9 @@ fn start_agent(
     identity: Option<kiln_agent::enroll::Identity>,
 ) -> tokio::sync::oneshot::Sender<()> {
     let config = kiln_agent::AgentConfig {
-        slots: 0,
-        coordinator: url.to_string(),
-        // An enrolled agent is the id its certificate names.
-        agent_id: id.to_string(),
-        scratch_dir: dir.join("scratch"),
-        cluster: String::new(),
         identity,
-        metrics: None,
-        health: None,
-        drain_grace: kiln_agent::DRAIN_GRACE,
-        platforms: Default::default(),
+        // An enrolled agent is the id its certificate names.
+        ..kiln_agent::AgentConfig::new(url.to_string(), id.to_string(), dir.join("scratch"))
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     rt.spawn(async move {

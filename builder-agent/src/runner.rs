@@ -76,6 +76,28 @@ impl Platforms {
 }
 
 impl AgentConfig {
+    /// A host agent of `coordinator` as most callers run it: plaintext (no identity), one build
+    /// slot per core, no `/metrics` or health listener, the default drain grace, and this
+    /// machine's platforms. Callers change what differs with struct update syntax.
+    pub fn new(
+        coordinator: impl Into<String>,
+        agent_id: impl Into<String>,
+        scratch_dir: impl Into<PathBuf>,
+    ) -> AgentConfig {
+        AgentConfig {
+            coordinator: coordinator.into(),
+            agent_id: agent_id.into(),
+            scratch_dir: scratch_dir.into(),
+            cluster: String::new(),
+            identity: None,
+            slots: 0,
+            metrics: None,
+            health: None,
+            drain_grace: crate::DRAIN_GRACE,
+            platforms: Platforms::default(),
+        }
+    }
+
     /// The coordinators' URLs, in the order given.
     pub fn coordinators(&self) -> Vec<String> {
         coordinator_urls(&self.coordinator)

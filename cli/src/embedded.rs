@@ -80,19 +80,10 @@ impl Embedded {
         if with_agent {
             let (stop_agent, stopped) = oneshot::channel::<()>();
             let config = AgentConfig {
-                slots: 0,
-                coordinator: url.clone(),
-                agent_id: embedded.site.agent_id(),
-                scratch_dir: embedded.site.scratch_dir(),
-                cluster: String::new(),
-                identity: None,
-                // No listener of its own: a developer's `kiln up` opens no port it does not need.
-                metrics: None,
-                health: None,
                 // The coordinator stops with it, and the CLI stops them only once its converge
                 // ended: nothing is left to drain, and waiting would slow every command's exit.
                 drain_grace: std::time::Duration::ZERO,
-                platforms: Default::default(),
+                ..AgentConfig::new(url.clone(), embedded.site.agent_id(), embedded.site.scratch_dir())
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {
                 let _ = stopped.await;

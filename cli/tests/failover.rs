@@ -91,15 +91,7 @@ fn agent(urls: &str, scratch: &Path) -> (Arc<SimHost>, tokio::sync::oneshot::Sen
     let host = SimHost::new("sim-failover", Duration::from_millis(50));
     let config = kiln_agent::AgentConfig {
         slots: 4,
-        coordinator: urls.to_string(),
-        agent_id: "sim-failover".to_string(),
-        scratch_dir: scratch.to_path_buf(),
-        cluster: String::new(),
-        identity: None,
-        metrics: None,
-        health: None,
-        drain_grace: kiln_agent::DRAIN_GRACE,
-        platforms: Default::default(),
+        ..kiln_agent::AgentConfig::new(urls.to_string(), "sim-failover", scratch.to_path_buf())
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: Arc<dyn kiln_agent::host::HostStore> = host.clone();

@@ -149,17 +149,11 @@ impl Farm {
             // real daemon, and parallel builds finish in whatever order Docker takes. The
             // scheduler's parallelism is tested with simulated hosts (`sim`, `tests/schedule.rs`).
             slots: 1,
-            coordinator: self.url.clone(),
-            agent_id: "e2e-agent".to_string(),
-            scratch_dir: self.home.join("scratch"),
-            cluster: String::new(),
-            identity: None,
             metrics: self.agent_metrics,
-            health: None,
-            drain_grace: kiln_agent::DRAIN_GRACE,
             // binfmt_misc read from under the farm's home, where a test lays out the handlers it
             // needs: the machine's own would make a test's outcome depend on what it installed.
             platforms: kiln_agent::Platforms { native: Vec::new(), binfmt_root: Some(self.binfmt_root()) },
+            ..kiln_agent::AgentConfig::new(self.url.clone(), "e2e-agent", self.home.join("scratch"))
         };
         let (tx, rx) = oneshot::channel::<()>();
         let store: Arc<dyn HostStore> = self.store.clone();
@@ -233,15 +227,13 @@ impl Farm {
     ) -> kiln_agent::AgentConfig {
         kiln_agent::AgentConfig {
             slots,
-            coordinator: self.url.clone(),
-            agent_id: agent_id.to_string(),
-            scratch_dir: self.home.join("scratch").join(agent_id),
             cluster: cluster.to_string(),
-            identity: None,
-            metrics: None,
-            health: None,
-            drain_grace: kiln_agent::DRAIN_GRACE,
             platforms: kiln_agent::Platforms { native: platforms.iter().map(|p| p.to_string()).collect(), binfmt_root },
+            ..kiln_agent::AgentConfig::new(
+                self.url.clone(),
+                agent_id.to_string(),
+                self.home.join("scratch").join(agent_id),
+            )
         }
     }
 

@@ -313,15 +313,7 @@ impl SimFarm {
         let store = SimHost::new(id, build_time);
         let config = kiln_agent::AgentConfig {
             slots,
-            coordinator: self.url.clone(),
-            agent_id: id.to_string(),
-            scratch_dir: self.state.path().join("scratch").join(id),
-            cluster: String::new(),
-            identity: None,
-            metrics: None,
-            health: None,
-            drain_grace: kiln_agent::DRAIN_GRACE,
-            platforms: Default::default(),
+            ..kiln_agent::AgentConfig::new(self.url.clone(), id.to_string(), self.state.path().join("scratch").join(id))
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let shared: Arc<dyn HostStore> = store.clone();

@@ -405,16 +405,8 @@ async fn a_node_agent_says_hello_as_a_node_and_lists_and_removes_for_the_coordin
     let mut hub = kiln_e2e::containerd::hub::StandIn::start().await;
     let scratch = tempfile::tempdir().unwrap();
     let config = kiln_agent::AgentConfig {
-        slots: 0,
-        coordinator: hub.url.clone(),
-        agent_id: "node-1".to_string(),
-        scratch_dir: scratch.path().to_path_buf(),
         cluster: "c1".to_string(),
-        identity: None,
-        metrics: None,
-        health: None,
-        drain_grace: kiln_agent::DRAIN_GRACE,
-        platforms: Default::default(),
+        ..kiln_agent::AgentConfig::new(hub.url.clone(), "node-1", scratch.path().to_path_buf())
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let agent = tokio::spawn(kiln_agent::run_node_with(config, std::sync::Arc::new(store), async {

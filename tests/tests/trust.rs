@@ -188,16 +188,8 @@ async fn every_rpc_refuses_every_caller_its_rule_does_not_let_through() {
 async fn start_agent(farm: &TrustedFarm, id: &str, dir: &std::path::Path) -> tokio::sync::oneshot::Sender<()> {
     farm.enroll(id, AgentRole::Host, "", dir).await;
     let config = kiln_agent::AgentConfig {
-        slots: 0,
-        coordinator: farm.url.clone(),
-        agent_id: id.to_string(),
-        scratch_dir: dir.join("scratch"),
-        cluster: String::new(),
         identity: Some(kiln_agent::enroll::Identity::in_dir(dir)),
-        metrics: None,
-        health: None,
-        drain_grace: kiln_agent::DRAIN_GRACE,
-        platforms: Default::default(),
+        ..kiln_agent::AgentConfig::new(farm.url.clone(), id.to_string(), dir.join("scratch"))
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -474,15 +466,8 @@ async fn a_member_cannot_cancel_another_teams_running_converge() {
     host.hang.store(true, std::sync::atomic::Ordering::SeqCst);
     let config = kiln_agent::AgentConfig {
         slots: 1,
-        coordinator: farm.url.clone(),
-        agent_id: "sim-1".into(),
-        scratch_dir: dir.join("scratch"),
-        cluster: String::new(),
         identity: Some(kiln_agent::enroll::Identity::in_dir(&dir)),
-        metrics: None,
-        health: None,
-        drain_grace: kiln_agent::DRAIN_GRACE,
-        platforms: Default::default(),
+        ..kiln_agent::AgentConfig::new(farm.url.clone(), "sim-1", dir.join("scratch"))
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let store: std::sync::Arc<dyn kiln_agent::host::HostStore> = host.clone();

@@ -71,18 +71,7 @@ impl Farm {
         let farm_id = kiln_core::farm::embedded_farm_id("kiln-bench", home);
         let coordinator = Coordinator::start(&home.join("state"), &farm_id, nodelay).await?;
         let store = Arc::new(Counting::connect().await.context("connecting to the Docker daemon")?);
-        let config = kiln_agent::AgentConfig {
-            slots: 0,
-            coordinator: coordinator.url.clone(),
-            agent_id: "bench-agent".to_string(),
-            scratch_dir: home.join("scratch"),
-            cluster: String::new(),
-            identity: None,
-            metrics: None,
-            health: None,
-            drain_grace: kiln_agent::DRAIN_GRACE,
-            platforms: Default::default(),
-        };
+        let config = kiln_agent::AgentConfig::new(coordinator.url.clone(), "bench-agent", home.join("scratch"));
         let (agent_stop, stopped) = oneshot::channel::<()>();
         let host: Arc<dyn HostStore> = store.clone();
         let agent = tokio::spawn(kiln_agent::run_with(config, host, async {

@@ -144,7 +144,9 @@ impl Engine {
     }
 
     /// Builds (or re-delivers) every platform of `d` and puts them together under its content
-    /// ref; returns the image's record entry.
+    /// ref; returns the image's record entry and the agent holding each platform's image (for
+    /// the images built FROM it).
+    ///
     /// An image built FROM a base of the converge waits for it, and builds each platform FROM
     /// the base's image of that platform, on the agent that holds it.
     #[allow(clippy::too_many_arguments)]

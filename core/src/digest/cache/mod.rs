@@ -233,9 +233,19 @@ pub fn digest_dir_cached(
 ) -> Result<(Tree, Hashed, CacheUse), DigestError> {
     // Before the walk: every stat and read below happens after it (the racy-clean rule).
     let stamp = stamp_now();
-    let mut tree = walk_tree(root, opts)?;
-    let key = CacheKey::here(root, opts);
-    let (cache, rejected) = match format::load(cache_file, &key) {
+    // The cache file is read while the tree is walked: neither needs the other, and reading and
+    // checking a 20,000-file cache (2 MB) after the walk was a tenth of a warm digest's time.
+    let (walked, (key, loaded)) = std::thread::scope(|scope| {
+        let loader = scope.spawn(|| {
+            let key = CacheKey::here(root, opts);
+            let loaded = format::load(cache_file, &key);
+            (key, loaded)
+        });
+        let walked = walk_tree(root, opts);
+        (walked, loader.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    });
+    let mut tree = walked?;
+    let (cache, rejected) = match loaded {
         Ok(cache) => (Some(cache), None),
         Err(why) => (None, Some(why)),
     };

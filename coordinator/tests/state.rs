@@ -822,6 +822,38 @@ async fn leadership_is_always_held_on_sqlite() {
     assert_eq!(a.renew_leadership(&la, ttl).await.unwrap().expires_ms, T0 + 10_000, "expiry on the store's clock");
 }
 
+/// Reads do not queue behind the writer: with the file's write lock held elsewhere (another
+/// process's transaction), a write waits for it, and reads made meanwhile are answered — with
+/// what had committed — before the write lands. Once it lands, the next read sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_reads_are_answered_while_a_write_waits_for_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kiln.db");
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    store.pin("kiln-before:1", "alice").await.unwrap();
+    store.write_record("shop", None, vec![built("web", "shop-web:aaa")]).await.unwrap();
+
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let writing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.pin("kiln-during:1", "bob").await })
+    };
+    for _ in 0..3 {
+        let pins = store.pins().await.unwrap();
+        assert_eq!(pins.iter().map(|p| p.reference.as_str()).collect::<Vec<_>>(), ["kiln-before:1"]);
+        let record = store.record("shop").await.unwrap().expect("the record committed before");
+        assert_eq!(record.generation, Generation(1));
+        assert!(store.converges(None, 10).await.unwrap().is_empty());
+    }
+    assert!(!writing.is_finished(), "the write waits for the lock the other connection holds");
+
+    other.execute_batch("ROLLBACK").unwrap();
+    assert!(writing.await.unwrap().unwrap(), "the write lands once the lock is free");
+    let pins = store.pins().await.unwrap();
+    assert_eq!(pins.len(), 2, "a read after the write was answered sees it: {pins:?}");
+}
+
 /// Fencing, leases and connections: what only a farm's PostgreSQL store has.
 mod postgres_only {
     use super::*;

@@ -4,8 +4,9 @@
 //! and every read-modify-write is an `IMMEDIATE` transaction: it takes the write lock before reading,
 //! so two processes cannot both read generation 3 and both write generation 4.
 //!
-//! rusqlite is blocking, so one thread owns the connection and runs the calls, committing those that
-//! queue up together in one transaction (`writer`: group commit — one fsync for many writes).
+//! rusqlite is blocking, so one thread owns the writing connection and runs the writes, committing
+//! those that queue up together in one transaction (`writer`: group commit — one fsync for many
+//! writes). Reads run beside it on connections of their own (`readers`), never waiting for a commit.
 //!
 //! Leadership is trivially held: one embedded coordinator serves the file (the CLI's home lock sees
 //! to that), so every acquisition succeeds with token 1 and nothing is ever fenced. The lease lives
@@ -16,6 +17,7 @@ mod claims;
 mod converges;
 mod migrations;
 mod pins;
+mod readers;
 mod records;
 mod trust;
 mod writer;
@@ -47,6 +49,7 @@ pub struct SqliteStore {
 
 struct Inner {
     writer: writer::Writer,
+    readers: readers::Readers,
     clock: Arc<dyn Clock>,
     path: PathBuf,
     applied: Vec<u32>,
@@ -110,7 +113,8 @@ impl SqliteStore {
         let leader = Mutex::new(None);
         let writer = writer::Writer::start(conn, clock.clone(), path.clone(), group)
             .map_err(|err| StateError::Open { path: path.clone(), err: Box::new(err) })?;
-        Ok(SqliteStore { inner: Arc::new(Inner { writer, clock, path, applied, leader }) })
+        let readers = readers::Readers::new(path.clone(), BUSY_TIMEOUT);
+        Ok(SqliteStore { inner: Arc::new(Inner { writer, readers, clock, path, applied, leader }) })
     }
 
     /// The database file.
@@ -131,6 +135,16 @@ impl SqliteStore {
         F: FnOnce(&mut Connection, u64) -> Result<T, StateError> + Send + 'static,
     {
         self.inner.writer.run(what, f).await.map_err(|err| self.name_busy(err))
+    }
+
+    /// Runs the read `f` on a reader connection, beside the writer (`readers`): it sees every
+    /// write answered before it was asked, and waits for none of the writer's commits.
+    async fn read<T, F>(&self, what: String, f: F) -> Result<T, StateError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StateError> + Send + 'static,
+    {
+        self.inner.readers.read(what, f).await.map_err(|err| self.name_busy(err))
     }
 
     /// A lock held by another process past the busy timeout is the one backend failure a user can
@@ -186,24 +200,22 @@ impl StateStore for SqliteStore {
     }
 
     async fn agents(&self) -> Result<Vec<AgentRow>, StateError> {
-        self.run("listing agents".into(), |c, _| catalog::agents(c)).await
+        self.read("listing agents".into(), catalog::agents).await
     }
 
     async fn record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let instance = instance.to_owned();
-        self.run(format!("reading the record of instance {instance}"), move |c, _| records::nth(c, &instance, 0)).await
+        self.read(format!("reading the record of instance {instance}"), move |c| records::nth(c, &instance, 0)).await
     }
 
     async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let instance = instance.to_owned();
-        self.run(format!("reading the previous record of instance {instance}"), move |c, _| {
-            records::nth(c, &instance, 1)
-        })
-        .await
+        self.read(format!("reading the previous record of instance {instance}"), move |c| records::nth(c, &instance, 1))
+            .await
     }
 
     async fn records(&self) -> Result<Vec<(Record, Option<Record>)>, StateError> {
-        self.run("listing records".into(), |c, _| records::all(c)).await
+        self.read("listing records".into(), records::all).await
     }
 
     async fn write_record(
@@ -260,7 +272,7 @@ impl StateStore for SqliteStore {
 
     async fn events(&self, converge: &ConvergeId, after_seq: Option<u64>) -> Result<Vec<Event>, StateError> {
         let id = converge.clone();
-        self.run(format!("reading the events of converge {id}"), move |c, _| converges::events(c, &id, after_seq)).await
+        self.read(format!("reading the events of converge {id}"), move |c| converges::events(c, &id, after_seq)).await
     }
 
     async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StateError> {
@@ -270,7 +282,7 @@ impl StateStore for SqliteStore {
 
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
         let id = converge.clone();
-        self.run(format!("reading converge {id}"), move |c, _| converges::get(c, &id)).await
+        self.read(format!("reading converge {id}"), move |c| converges::get(c, &id)).await
     }
 
     async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StateError> {
@@ -279,7 +291,7 @@ impl StateStore for SqliteStore {
             Some(instance) => format!("listing the converges of instance {instance}"),
             None => "listing converges".to_owned(),
         };
-        self.run(what, move |c, _| converges::list(c, instance.as_deref(), limit)).await
+        self.read(what, move |c| converges::list(c, instance.as_deref(), limit)).await
     }
 
     async fn fail_in_flight(&self, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
@@ -318,12 +330,12 @@ impl StateStore for SqliteStore {
     }
 
     async fn pins(&self) -> Result<Vec<Pin>, StateError> {
-        self.run("listing pins".into(), |c, _| pins::all(c)).await
+        self.read("listing pins".into(), pins::all).await
     }
 
     async fn missing_contexts(&self, digests: &[String]) -> Result<Vec<String>, StateError> {
         let digests = digests.to_vec();
-        self.run("looking up contexts".into(), move |c, _| catalog::missing_contexts(c, &digests)).await
+        self.read("looking up contexts".into(), move |c| catalog::missing_contexts(c, &digests)).await
     }
 
     async fn put_context(&self, context: ContextRow) -> Result<(), StateError> {
@@ -332,19 +344,19 @@ impl StateStore for SqliteStore {
 
     async fn context(&self, digest: &str) -> Result<Option<ContextRow>, StateError> {
         let digest = digest.to_owned();
-        self.run(format!("looking up context {digest}"), move |c, _| catalog::context(c, &digest)).await
+        self.read(format!("looking up context {digest}"), move |c| catalog::context(c, &digest)).await
     }
 
     async fn builder_of(&self, reference: &str) -> Result<Option<ConvergeId>, StateError> {
         let reference = reference.to_owned();
-        self.run(format!("looking up the converge that built {reference}"), move |c, _| {
+        self.read(format!("looking up the converge that built {reference}"), move |c| {
             converges::builder_of(c, &reference)
         })
         .await
     }
 
     async fn contexts(&self) -> Result<Vec<ContextRow>, StateError> {
-        self.run("listing contexts".into(), |c, _| catalog::contexts(c)).await
+        self.read("listing contexts".into(), catalog::contexts).await
     }
 
     async fn delete_context_unless_claimed(&self, digest: &str, claim: &str, now_ms: u64) -> Result<bool, StateError> {
@@ -365,10 +377,8 @@ impl StateStore for SqliteStore {
 
     async fn context_entries(&self, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
         let digest = digest.to_owned();
-        self.run(format!("reading the entry list of context {digest}"), move |c, _| {
-            catalog::context_entries(c, &digest)
-        })
-        .await
+        self.read(format!("reading the entry list of context {digest}"), move |c| catalog::context_entries(c, &digest))
+            .await
     }
 
     async fn put_token(&self, token: TokenRow) -> Result<(), StateError> {
@@ -377,11 +387,11 @@ impl StateStore for SqliteStore {
 
     async fn token(&self, id: &str) -> Result<Option<TokenRow>, StateError> {
         let id = id.to_owned();
-        self.run(format!("reading token {id}"), move |c, _| trust::token(c, &id)).await
+        self.read(format!("reading token {id}"), move |c| trust::token(c, &id)).await
     }
 
     async fn tokens(&self) -> Result<Vec<TokenRow>, StateError> {
-        self.run("listing tokens".into(), |c, _| trust::tokens(c)).await
+        self.read("listing tokens".into(), trust::tokens).await
     }
 
     async fn revoke_token(&self, id: &str, now_ms: u64) -> Result<bool, StateError> {
@@ -404,7 +414,7 @@ impl StateStore for SqliteStore {
     }
 
     async fn revoked_agents(&self) -> Result<Vec<(String, u64)>, StateError> {
-        self.run("listing revoked agents".into(), |c, _| trust::revoked_agents(c)).await
+        self.read("listing revoked agents".into(), trust::revoked_agents).await
     }
 
     async fn own(&self, instance: &str, claim: Owner) -> Result<Owner, StateError> {
@@ -415,7 +425,7 @@ impl StateStore for SqliteStore {
 
     async fn owner(&self, instance: &str) -> Result<Option<Owner>, StateError> {
         let instance = instance.to_owned();
-        self.run(format!("reading the owner of instance {instance}"), move |c, _| trust::owner(c, &instance)).await
+        self.read(format!("reading the owner of instance {instance}"), move |c| trust::owner(c, &instance)).await
     }
 
     async fn append_audit(&self, entry: AuditRow) -> Result<(), StateError> {
@@ -424,7 +434,7 @@ impl StateStore for SqliteStore {
 
     async fn audit(&self, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StateError> {
         let actor = actor.map(str::to_owned);
-        self.run("reading the audit log".into(), move |c, _| trust::audit(c, since_ms, actor.as_deref())).await
+        self.read("reading the audit log".into(), move |c| trust::audit(c, since_ms, actor.as_deref())).await
     }
 
     async fn put_inventory(&self, store: &str, listing_json: String, listed_ms: u64) -> Result<(), StateError> {
@@ -437,7 +447,7 @@ impl StateStore for SqliteStore {
 
     async fn inventory(&self, store: &str) -> Result<Option<Inventory>, StateError> {
         let store = store.to_owned();
-        self.run(format!("reading the inventory of store {store}"), move |c, _| catalog::inventory(c, &store)).await
+        self.read(format!("reading the inventory of store {store}"), move |c| catalog::inventory(c, &store)).await
     }
 
     async fn try_acquire_leadership(

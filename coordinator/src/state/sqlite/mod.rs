@@ -54,6 +54,8 @@ struct Inner {
     path: PathBuf,
     applied: Vec<u32>,
     leader: Mutex<Option<Leadership>>,
+    /// False only for `kiln-bench state-writes`' baseline: reads sent through the writer, as before.
+    reads_beside: bool,
 }
 
 impl SqliteStore {
@@ -93,6 +95,19 @@ impl SqliteStore {
         }
     }
 
+    /// [`SqliteStore::open_grouped`] with every read sent through the writer, as before reads had
+    /// connections of their own: the baseline `kiln-bench state-writes` measures reads against.
+    /// Not for production use.
+    #[doc(hidden)]
+    pub fn open_reading_through_writer(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<SqliteStore, StateError> {
+        let mut store = SqliteStore::open_grouped(path, clock, writer::GROUP)?;
+        Arc::get_mut(&mut store.inner).expect("a store just opened has one handle").reads_beside = false;
+        Ok(store)
+    }
+
     fn open_once(path: &Path, clock: Arc<dyn Clock>, group: usize) -> Result<SqliteStore, StateError> {
         let path = path.to_owned();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -114,7 +129,8 @@ impl SqliteStore {
         let writer = writer::Writer::start(conn, clock.clone(), path.clone(), group)
             .map_err(|err| StateError::Open { path: path.clone(), err: Box::new(err) })?;
         let readers = readers::Readers::new(path.clone(), BUSY_TIMEOUT);
-        Ok(SqliteStore { inner: Arc::new(Inner { writer, readers, clock, path, applied, leader }) })
+        let inner = Inner { writer, readers, clock, path, applied, leader, reads_beside: true };
+        Ok(SqliteStore { inner: Arc::new(inner) })
     }
 
     /// The database file.
@@ -144,7 +160,11 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StateError> + Send + 'static,
     {
-        self.inner.readers.read(what, f).await.map_err(|err| self.name_busy(err))
+        let read = match self.inner.reads_beside {
+            true => self.inner.readers.read(what, f).await,
+            false => self.inner.writer.run(what, move |c, _| f(c)).await,
+        };
+        read.map_err(|err| self.name_busy(err))
     }
 
     /// A lock held by another process past the busy timeout is the one backend failure a user can

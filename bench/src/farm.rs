@@ -71,10 +71,7 @@ fn write(dir: &Path, instance: &str, images: &[(String, String)]) {
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+    util::percentile(sorted, p).unwrap_or(f64::NAN)
 }
 
 /// Peak RSS (MiB) and user+system CPU seconds of this process.

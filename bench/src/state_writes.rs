@@ -98,7 +98,7 @@ fn reads_during_burst(rt: &tokio::runtime::Runtime, args: &Args, through_writer:
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted.get(((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1)).copied().unwrap_or_default()
+    util::percentile(sorted, p).unwrap_or_default()
 }
 
 pub fn run(args: &Args) -> Result<()> {

@@ -46,6 +46,13 @@ pub fn rounds(
     Ok(())
 }
 
+/// The value at fraction `p` (0.5, 0.99) of `sorted`, rounded to the nearest sample; `None` when
+/// there are no samples.
+pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    sorted.get((last as f64 * p).round() as usize).copied()
+}
+
 pub fn median(times: &[Duration]) -> Duration {
     let mut sorted = times.to_vec();
     sorted.sort();

@@ -234,7 +234,7 @@ pub fn digest_dir_cached(
     // Before the walk: every stat and read below happens after it (the racy-clean rule).
     let stamp = stamp_now();
     // The cache file is read while the tree is walked: neither needs the other, and reading and
-    // checking a 20,000-file cache (2 MB) after the walk was a tenth of a warm digest's time.
+    // checking a 20,000-file cache (2 MB) after the walk cost 2–3 ms of a 36 ms warm digest.
     let (walked, (key, loaded)) = std::thread::scope(|scope| {
         let loader = scope.spawn(|| {
             let key = CacheKey::here(root, opts);

@@ -47,6 +47,7 @@ pub mod sweep;
 pub mod up;
 pub mod upload;
 pub mod view;
+pub mod watch;
 pub mod why;
 
 use std::path::PathBuf;

@@ -196,6 +196,14 @@ enum Command {
         #[arg(long, default_value = "Dockerfile")]
         dockerfile: String,
     },
+    /// Watch the contexts kiln walks (inotify), so that kiln up and kiln digest skip the walk
+    /// of a context that has not changed: runs until Ctrl-C or SIGTERM, one per user.
+    Watch {
+        /// The socket to answer on (default: $KILN_WATCH_SOCKET, else kiln/watch.sock under
+        /// $XDG_RUNTIME_DIR or ~/.cache).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+    },
     /// Pack a context into the canonical archive (what `kiln up` uploads).
     Pack {
         dir: PathBuf,
@@ -244,6 +252,7 @@ impl Command {
             Command::Cancel { .. } => "cancel",
             Command::Why { .. } => "why",
             Command::Digest { .. } => "digest",
+            Command::Watch { .. } => "watch",
             Command::Pack { .. } => "pack",
             Command::Unpack { .. } => "unpack",
             Command::Refs { .. } => "refs",
@@ -258,6 +267,7 @@ fn main() -> ExitCode {
             let stat_cache = kiln::home::stat_cache_dir(false, None);
             kiln::plumbing::digest(&dir, list, dockerfile, stat_cache.as_deref())
         }
+        Command::Watch { socket } => kiln::watch::run(socket),
         Command::Pack { dir, output, dockerfile } => kiln::plumbing::pack(&dir, &output, dockerfile),
         Command::Unpack { file, dir, expect } => kiln::plumbing::unpack(&file, &dir, expect.as_deref()),
         Command::Refs { dir } => kiln::plumbing::refs(&dir, &cli.remote.connect()),
@@ -381,7 +391,11 @@ async fn dispatch(command: Command, remote: &Remote) -> Result<Exit, CliError> {
         Command::Whoami => {
             kiln::whoami(kiln::ListArgs { connect, output, ..Default::default() }).await.map(|_| Exit::Converged)
         }
-        Command::Digest { .. } | Command::Pack { .. } | Command::Unpack { .. } | Command::Refs { .. } => {
+        Command::Digest { .. }
+        | Command::Watch { .. }
+        | Command::Pack { .. }
+        | Command::Unpack { .. }
+        | Command::Refs { .. } => {
             unreachable!("the plumbing commands run without a runtime")
         }
     }

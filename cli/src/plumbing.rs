@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use kiln_core::archive;
-use kiln_core::digest::{cache_file_for, digest_dir, digest_dir_cached, TreeDigest, WalkOptions};
+use kiln_core::digest::{cache_file_for, digest_dir, digest_dir_cached, digest_dir_vouched, TreeDigest, WalkOptions};
 use kiln_core::manifest::{ImageSpec, Manifest, PlatformSource};
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -51,6 +51,15 @@ fn context_dir(dir: &Path) -> Result<()> {
 pub fn digest(dir: &Path, list: bool, dockerfile: String, stat_cache: Option<&Path>) -> Result<()> {
     context_dir(dir)?;
     let opts = WalkOptions { dockerfile: Some(dockerfile) };
+    if let (Some(cache), false) = (stat_cache, list) {
+        // Without the list, a context `kiln watch` vouches for is not walked at all.
+        let tag =
+            std::fs::canonicalize(dir).ok().and_then(|root| crate::watch::tags(&[root])).and_then(|mut t| t.pop());
+        let (_, summary) =
+            digest_dir_vouched(dir, &opts, &cache_file_for(cache, dir), tag.as_ref().and_then(|t| t.as_deref()))?;
+        writeln!(io::stdout().lock(), "{}", summary.digest)?;
+        return Ok(());
+    }
     let (tree, digest) = match stat_cache {
         Some(cache) => {
             let (tree, hashed, _) = digest_dir_cached(dir, &opts, &cache_file_for(cache, dir))?;

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use kiln_core::digest::{Tree, TreeDigest, WalkOptions};
+use kiln_core::digest::{Summary, Tree, TreeDigest, WalkOptions};
 use kiln_core::manifest::{Addressed, BuiltImage, ImageSpec, Manifest, Target};
 use kiln_proto::v1::{image_spec, target, ImageSpec as WireImage, Target as WireTarget, UpRequest};
 use rayon::prelude::*;
@@ -81,33 +81,79 @@ impl Walked {
 /// built image's context in parallel — the sealed tree for a staged one, else its folder, with
 /// the stat cache under `stat_cache` when given.
 pub fn walk_built(manifest: &Manifest, stat_cache: Option<&Path>) -> Result<Walked, CliError> {
-    walk(manifest, stat_cache, false)
+    walk(manifest, stat_cache, Trees::Drop)
 }
 
 /// [`walk_built`], keeping each context's entry list ([`WalkedContext::tree`]).
 pub fn walk_built_keeping_trees(manifest: &Manifest, stat_cache: Option<&Path>) -> Result<Walked, CliError> {
-    walk(manifest, stat_cache, true)
+    walk(manifest, stat_cache, Trees::Keep)
 }
 
-fn walk(manifest: &Manifest, stat_cache: Option<&Path>, keep_trees: bool) -> Result<Walked, CliError> {
+/// What a walk does with each context's entry list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trees {
+    Drop,
+    Keep,
+    /// Keep it when the context was walked; a context `kiln watch` vouches for is not walked at
+    /// all, and has none (an upload walks it then).
+    KeepIfWalked,
+}
+
+fn walk(manifest: &Manifest, stat_cache: Option<&Path>, trees: Trees) -> Result<Walked, CliError> {
     let staged = crate::stage::stage_all(manifest)?;
     let built: Vec<(&str, &BuiltImage)> = manifest.built().collect();
+    // Asked before any context is walked: a change made after the question moves the tag.
+    let tags = match (stat_cache, trees) {
+        (Some(_), Trees::KeepIfWalked) => watch_tags(&built, &staged),
+        _ => BTreeMap::new(),
+    };
     let contexts = built
         .par_iter()
         .map(|&(name, image)| {
-            let (dir, walked) = match staged.get(name) {
-                Some(tree) => (tree.path().to_path_buf(), image.walk_staged(tree.path())),
-                None => (image.context.clone(), image.walk_with(stat_cache)),
+            let walked = match (staged.get(name), stat_cache, tags.get(name)) {
+                (Some(tree), _, _) => image.walk_staged(tree.path()).map(summarized),
+                (None, Some(dir), Some(tag)) => image.walk_vouched(dir, tag.as_deref()),
+                (None, stat_cache, _) => image.walk_with(stat_cache).map(summarized),
             };
-            let (tree, digest) = walked.map_err(|err| CliError::Address { image: name.to_string(), err })?;
-            let archive_bytes = tree.entries.iter().map(|e| 512 + e.size.div_ceil(512) * 512).sum::<u64>() + 1024;
-            let entries = tree.entries.len();
-            let tree = keep_trees.then_some(tree);
-            let walked = WalkedContext { dir, digest, entries, archive_bytes, tree };
+            let (tree, summary) = walked.map_err(|err| CliError::Address { image: name.to_string(), err })?;
+            let dir = staged.get(name).map_or_else(|| image.context.clone(), |t| t.path().to_path_buf());
+            let walked = WalkedContext {
+                dir,
+                digest: summary.digest,
+                entries: summary.entries as usize,
+                archive_bytes: summary.archive_bytes,
+                tree: tree.filter(|_| trees != Trees::Drop),
+            };
             Ok((name.to_string(), walked))
         })
         .collect::<Result<_, CliError>>()?;
     Ok(Walked { contexts, staged })
+}
+
+fn summarized((tree, digest): (Tree, TreeDigest)) -> (Option<Tree>, Summary) {
+    let summary = Summary::of(&tree, digest);
+    (Some(tree), summary)
+}
+
+/// The watcher's tag of each unstaged context, by image name; an image is missing when no
+/// watcher answers (its context is walked as without one), and has `None` when the watcher
+/// cannot watch its context (it is walked, and nothing is recorded for the next run).
+fn watch_tags(built: &[(&str, &BuiltImage)], staged: &BTreeMap<String, Staged>) -> BTreeMap<String, Option<Vec<u8>>> {
+    let mut names = Vec::new();
+    let mut roots = Vec::new();
+    for &(name, image) in built {
+        if staged.contains_key(name) {
+            continue;
+        }
+        if let Ok(root) = std::fs::canonicalize(&image.context) {
+            names.push(name.to_string());
+            roots.push(root);
+        }
+    }
+    match crate::watch::tags(&roots) {
+        Some(tags) => names.into_iter().zip(tags).collect(),
+        None => BTreeMap::new(),
+    }
 }
 
 /// Stages and walks every built image's context ([`walk_built`]), addresses the images in build
@@ -128,8 +174,9 @@ pub fn plan_up(
     stat_cache: Option<&Path>,
 ) -> Result<UpPlan, CliError> {
     let platforms = &manifest.platforms;
-    // The trees are kept: an upload names its blobs from them.
-    let mut walked = walk_built_keeping_trees(manifest, stat_cache)?;
+    // The trees are kept: an upload names its blobs from them (or walks, for a context the
+    // watcher vouched for, which was not walked).
+    let mut walked = walk(manifest, stat_cache, Trees::KeepIfWalked)?;
     let mut addressed = manifest.address(&walked.trees())?.into_iter();
     let mut images = Vec::with_capacity(manifest.images.len());
     let mut contexts: BTreeMap<String, ContextSource> = BTreeMap::new();

@@ -36,7 +36,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 pub use cache::{
-    cache_file_for, digest_dir_cached, settled, stamp_now, CacheKey, CacheUse, FileStat, Rejected, StatCache,
+    cache_file_for, digest_dir_cached, digest_dir_vouched, settled, stamp_now, vouched_file_for, CacheKey, CacheUse,
+    FileStat, Rejected, StatCache, Summary,
 };
 pub use feed::{digest_entries, digest_tree, hash_tree, Hashed};
 pub use walk::{digest_dir, walk_tree, Tree, WalkOptions};

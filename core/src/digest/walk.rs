@@ -16,8 +16,9 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Options of a walk: which Dockerfile path (relative to the root) is always kept, as Docker keeps
 /// it even when `.dockerignore` names it.
@@ -32,6 +33,9 @@ pub struct WalkOptions {
 pub struct Tree {
     pub root: PathBuf,
     pub entries: Vec<Entry>,
+    /// Some file of the tree has other names (`st_nlink` > 1). A write through a name outside
+    /// the tree reaches no directory watch of it, so a watcher cannot vouch for such a tree.
+    pub linked: bool,
 }
 
 /// Below this many entries a directory's `lstat`s run in one task: splitting a handful of cheap
@@ -52,13 +56,13 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
     ignore.keep_always(&dockerfile);
 
-    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing() };
+    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing(), linked: AtomicBool::new(false) };
     let items = super::io::blocking(|| walker.dir(Vec::new()))?;
     // Sized once: growing by doubling copied every entry again and again, and the fresh pages
     // each copy touched were a third of a warm digest's page faults.
     let mut entries = Vec::with_capacity(count(&items));
     flatten(items, &mut entries);
-    Ok(Tree { root: root.to_path_buf(), entries })
+    Ok(Tree { root: root.to_path_buf(), entries, linked: walker.linked.into_inner() })
 }
 
 /// A directory's listing in canonical order: its own entries, and each subdirectory's listing
@@ -125,6 +129,8 @@ struct Walker<'a> {
     ignore: &'a DockerIgnore,
     /// False when the `.dockerignore` excludes nothing, so no path needs matching.
     matches: bool,
+    /// See [`Tree::linked`].
+    linked: AtomicBool,
 }
 
 /// What one name in a directory turned out to be.
@@ -226,6 +232,9 @@ impl Walker<'_> {
         if ft.is_file() {
             let executable = meta.permissions().mode() & 0o111 != 0;
             let kind = if executable { EntryKind::ExecFile } else { EntryKind::File };
+            if meta.nlink() > 1 {
+                self.linked.store(true, Ordering::Relaxed);
+            }
             let stat = Some(FileStat::of(&meta));
             return Ok(Found::Entry(Entry { path, kind, size: meta.len(), link_target: Vec::new(), stat, hash: None }));
         }

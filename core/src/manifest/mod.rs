@@ -329,6 +329,21 @@ impl BuiltImage {
         }
     }
 
+    /// [`BuiltImage::walk_with`] with the stat cache under `stat_cache` and `tag`, what the file
+    /// watcher answered for this context just now: a result recorded under the same tag is taken
+    /// without walking, and the tree is then `None` ([`crate::digest::digest_dir_vouched`]).
+    pub fn walk_vouched(
+        &self,
+        stat_cache: &Path,
+        tag: Option<&[u8]>,
+    ) -> Result<(Option<Tree>, crate::digest::Summary), AddressError> {
+        if let Some(stage) = &self.stage {
+            return Err(AddressError::NotStaged { command: stage.command_line() });
+        }
+        let file = crate::digest::cache_file_for(stat_cache, &self.context);
+        Ok(crate::digest::digest_dir_vouched(&self.context, &self.walk_options(), &file, tag)?)
+    }
+
     /// Walks `staged`, the sealed tree this image's staging command wrote, in place of its
     /// context. No stat cache: every staging writes a fresh directory, so a cache could never hit
     /// and one would be left behind per run.

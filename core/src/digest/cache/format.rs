@@ -35,7 +35,7 @@ pub enum Rejected {
     Foreign,
 }
 
-fn key_digest(key: &CacheKey) -> [u8; 32] {
+pub(super) fn key_digest(key: &CacheKey) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(&TREE_DIGEST_VERSION.to_le_bytes());
     for field in [&key.machine[..], &key.kernel, &key.context, &key.walk] {
@@ -160,12 +160,17 @@ pub(super) fn load(file: &Path, key: &CacheKey) -> Result<StatCache, Rejected> {
 /// Writes beside the target and renames over it, so a reader sees the old file or the new one,
 /// never half of one; two writers race harmlessly (the last rename wins, both files whole).
 pub(super) fn save(cache: &StatCache, file: &Path, key: &CacheKey) -> io::Result<()> {
+    write_atomically(file, &encode(cache, key))
+}
+
+/// `bytes` as `file`, through a temporary file beside it renamed into place.
+pub(super) fn write_atomically(file: &Path, bytes: &[u8]) -> io::Result<()> {
     if let Some(dir) = file.parent() {
         fs::create_dir_all(dir)?;
     }
     let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = file.with_file_name(format!(".{name}.{}.{:x}", std::process::id(), fastrand::u64(..)));
-    let written = fs::File::create(&tmp).and_then(|mut f| f.write_all(&encode(cache, key)));
+    let written = fs::File::create(&tmp).and_then(|mut f| f.write_all(bytes));
     match written.and_then(|()| fs::rename(&tmp, file)) {
         Ok(()) => Ok(()),
         Err(err) => {
@@ -193,7 +198,11 @@ mod tests {
             stat: Some(FileStat { size: n as u64, mtime_ns: -5, ctime_ns: 77, ino: 9, dev: 2, mode: 0o100755 }),
             hash: Some(ContentHash([n; 32])),
         };
-        let tree = crate::digest::Tree { root: PathBuf::from("/ctx"), entries: vec![e(b"a", 1), e(b"caf\xe9/b", 2)] };
+        let tree = crate::digest::Tree {
+            root: PathBuf::from("/ctx"),
+            entries: vec![e(b"a", 1), e(b"caf\xe9/b", 2)],
+            linked: false,
+        };
         StatCache::from_tree(&tree, 1_700_000_000_000_000_000)
     }
 

@@ -18,8 +18,10 @@
 //! `fsync`ed, since a file torn by a crash fails its checksum and only costs one full read.
 
 mod format;
+mod vouched;
 
 pub use format::Rejected;
+pub use vouched::{digest_dir_vouched, vouched_file_for, Summary};
 
 use super::{hash_tree, walk_tree, ContentHash, DigestError, Hashed, Tree, WalkOptions};
 use std::fs;
@@ -318,7 +320,7 @@ mod tests {
             stat: Some(stat(old, old)),
             hash: Some(hash),
         };
-        let tree = Tree { root: PathBuf::from("/ctx"), entries: vec![mk(b"a"), mk(b"b/c"), mk(b"d")] };
+        let tree = Tree { root: PathBuf::from("/ctx"), entries: vec![mk(b"a"), mk(b"b/c"), mk(b"d")], linked: false };
         let cache = StatCache::from_tree(&tree, S);
         assert_eq!(cache.recall(b"b/c", &stat(old, old)), Some(hash));
         assert_eq!(cache.recall(b"b/x", &stat(old, old)), None, "not cached");

@@ -150,12 +150,12 @@ pub fn run(args: &Args) -> Result<()> {
         let socket = Some(s.watch_socket.as_path());
         let (kiln, s, expected) = (&kiln, &s, &expected);
         contestants.push(Contestant::new("kiln digest, kiln watch running", move || {
-            timed(|| check_watched(kiln_digest(&kiln, &s.context, &s.warm_cache, socket)?, &expected))
+            timed(|| check_watched(kiln_digest(kiln, &s.context, &s.warm_cache, socket)?, expected))
         }));
         if args.up {
             contestants
                 .push(Contestant::new("kiln up, no-op, kiln watch running (embedded, whole process)", move || {
-                    noop_up(&kiln, &s, socket)
+                    noop_up(kiln, s, socket)
                 }));
         }
     }

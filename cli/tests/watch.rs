@@ -29,6 +29,9 @@ fn tree(tmp: &Path) -> PathBuf {
     root
 }
 
+/// One way of changing a tree, run once.
+type Change = Box<dyn Fn()>;
+
 /// Each change, made after a question, moves the tag; asking again without a change does not.
 #[test]
 fn every_kind_of_change_moves_the_tag_and_nothing_else_does() {
@@ -36,7 +39,7 @@ fn every_kind_of_change_moves_the_tag_and_nothing_else_does() {
     let root = tree(tmp.path());
     let w = watcher(tmp.path());
     let r = root.clone();
-    let changes: Vec<(&str, Box<dyn Fn()>)> = vec![
+    let changes: Vec<(&str, Change)> = vec![
         ("same-size write", Box::new(move || fs::write(r.join("src/deep/data"), "9876543210").unwrap())),
         ("chmod +x", {
             let r = root.clone();

@@ -74,6 +74,7 @@ pub fn run(args: &Args) -> Result<()> {
         images: vec!["bench".into()],
         archive_bytes: 0,
         tree: Some(Arc::new(tree)),
+        stat_cache: None,
     };
     let full_source = source(tree.clone());
     let edit_sent = RefCell::new(Vec::new());

@@ -101,6 +101,7 @@ pub fn run(args: &Args) -> Result<()> {
             images: vec!["u".into()],
             archive_bytes: 0,
             tree: None,
+            stat_cache: None,
         };
         let credentials = kiln::connect::Credentials {
             ca_pem: ca.map(std::fs::read_to_string).transpose()?,

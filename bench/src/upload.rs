@@ -91,6 +91,7 @@ pub fn run(args: &Args) -> Result<()> {
         images: vec!["bench".to_string()],
         archive_bytes: 0,
         tree: None,
+        stat_cache: None,
     };
     let mut contestants = vec![
         tracked("kiln upload (pack→gRPC→verify→store)", &rises, || {

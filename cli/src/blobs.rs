@@ -24,7 +24,7 @@ use crate::connect::Channel;
 use crate::request::ContextSource;
 use crate::upload::UploadError;
 use kiln_core::archive::ArchiveError;
-use kiln_core::digest::{digest_dir, EntryKind, Tree, TreeDigest};
+use kiln_core::digest::{cache_file_for, digest_dir, digest_dir_cached, EntryKind, Tree, TreeDigest};
 use kiln_proto::v1 as pb;
 use kiln_proto::v1::content_store_client::ContentStoreClient;
 use tokio::sync::mpsc;
@@ -81,8 +81,14 @@ pub async fn upload(
     let tree = match &source.tree {
         Some(tree) => tree.clone(),
         None => {
-            let (dir, walk) = (source.dir.clone(), source.walk.clone());
-            let walked = tokio::task::spawn_blocking(move || digest_dir(&dir, &walk)).await;
+            let (dir, walk, cache) = (source.dir.clone(), source.walk.clone(), source.stat_cache.clone());
+            let walked = tokio::task::spawn_blocking(move || match cache {
+                Some(cache) => {
+                    digest_dir_cached(&dir, &walk, &cache_file_for(&cache, &dir)).map(|(t, h, _)| (t, h.digest))
+                }
+                None => digest_dir(&dir, &walk),
+            })
+            .await;
             let (tree, now) = walked.map_err(|_| UploadError::Panicked)?.map_err(UploadError::Walk)?;
             if now != expected {
                 return Err(UploadError::Changed { now });

@@ -44,6 +44,9 @@ pub struct ContextSource {
     /// blobs from it instead of walking and hashing the context again (each blob is hashed again
     /// as it is read, so a file edited since is still caught).
     pub tree: Option<std::sync::Arc<Tree>>,
+    /// Where its stat cache is, for an upload that must walk it (`tree` is `None`: `kiln watch`
+    /// vouched for it, so it was not walked): unchanged files are then not read again.
+    pub stat_cache: Option<PathBuf>,
 }
 
 /// Every built image's context walked: staged first where the manifest says so.
@@ -201,6 +204,7 @@ pub fn plan_up(
                         images: vec![done.name.to_string()],
                         archive_bytes: context.archive_bytes,
                         tree,
+                        stat_cache: stat_cache.map(Path::to_path_buf),
                     });
                 images.push(wire_built(done));
             }

@@ -334,6 +334,7 @@ mod tests {
             images: vec!["app".into()],
             archive_bytes: 0,
             tree: None,
+            stat_cache: None,
         };
         (tmp, source, digest)
     }

@@ -67,5 +67,31 @@ async fn a_noop_up_walks_nothing_the_watcher_vouches_for_and_an_edit_still_build
         output: OutputMode::Quiet,
     });
     assert_eq!(down.await.unwrap().run.outcome, Outcome::Succeeded);
+
+    // Against served coordinators the stat caches are the user's, shared by every farm: a tree
+    // vouched for after a converge on one farm is not walked for the next farm either, and that
+    // farm, which lacks the context, still gets it whole (the upload walks it then).
+    std::env::set_var("XDG_CACHE_HOME", tmp.path().join("cache"));
+    let served = |farm: &kiln_e2e::Farm| UpArgs { connect: Connect::remote(&farm.url), ..up() };
+    let mut first_farm = kiln_e2e::Farm::start(&tmp.path().join("farm-a")).await;
+    let on_a = kiln::up(served(&first_farm)).await.unwrap();
+    assert_eq!(on_a.outcome, Outcome::Succeeded, "{:#?}", on_a.events);
+    first_farm.stop().await;
+    // Its images go, so the second farm must build, and so needs the contexts.
+    kiln_e2e::fixture::remove_built(&dir);
+    let user_stat = kiln::home::stat_cache_dir(false, None).unwrap();
+    let plan = kiln::request::plan_up(&manifest, false, "test", Some(&user_stat)).unwrap();
+    assert!(plan.contexts.values().all(|c| c.tree.is_none()), "vouched for after the converge on the first farm");
+    let mut second_farm = kiln_e2e::Farm::start(&tmp.path().join("farm-b")).await;
+    let on_b = kiln::up(served(&second_farm)).await.unwrap();
+    assert_eq!(on_b.outcome, Outcome::Succeeded, "{:#?}", on_b.events);
+    assert!(
+        on_b.events.iter().any(|e| e.kind == EventKind::NeedContexts),
+        "the second farm asked for the contexts it lacks: {:#?}",
+        on_b.events
+    );
+    assert_eq!(images(&on_b.events, EventKind::Built), ["web", "worker"]);
+    second_farm.stop().await;
+    kiln_e2e::fixture::remove_built(&dir);
     watcher.stop();
 }

@@ -53,8 +53,10 @@ pub fn digest(dir: &Path, list: bool, dockerfile: String, stat_cache: Option<&Pa
     let opts = WalkOptions { dockerfile: Some(dockerfile) };
     if let (Some(cache), false) = (stat_cache, list) {
         // Without the list, a context `kiln watch` vouches for is not walked at all.
-        let tag =
-            std::fs::canonicalize(dir).ok().and_then(|root| crate::watch::tags(&[root])).and_then(|mut t| t.pop());
+        let tag = std::fs::canonicalize(dir)
+            .ok()
+            .and_then(|root| crate::watch::tags(&[(root, opts.dockerfile.clone())]))
+            .and_then(|mut t| t.pop());
         let (_, summary) =
             digest_dir_vouched(dir, &opts, &cache_file_for(cache, dir), tag.as_ref().and_then(|t| t.as_deref()))?;
         writeln!(io::stdout().lock(), "{}", summary.digest)?;

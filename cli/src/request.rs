@@ -150,7 +150,7 @@ fn watch_tags(built: &[(&str, &BuiltImage)], staged: &BTreeMap<String, Staged>) 
         }
         if let Ok(root) = std::fs::canonicalize(&image.context) {
             names.push(name.to_string());
-            roots.push(root);
+            roots.push((root, image.walk_options().dockerfile));
         }
     }
     match crate::watch::tags(&roots) {

@@ -16,7 +16,7 @@ fn watcher(tmp: &Path) -> WatcherHandle {
 
 fn tag(w: &WatcherHandle, root: &Path) -> Vec<u8> {
     let root = fs::canonicalize(root).unwrap();
-    ask(&w.socket, &[root]).unwrap().pop().unwrap().expect("the context is watched")
+    ask(&w.socket, &[(root, None)]).unwrap().pop().unwrap().expect("the context is watched")
 }
 
 fn tree(tmp: &Path) -> PathBuf {
@@ -138,12 +138,44 @@ fn what_cannot_be_watched_is_refused_with_the_reason() {
     let w = watcher(tmp.path());
     let file = tmp.path().join("plain");
     fs::write(&file, "x").unwrap();
-    let answers = ask(&w.socket, &[PathBuf::from("/proc/self"), file.clone(), tmp.path().join("missing")]).unwrap();
+    let contexts = [PathBuf::from("/proc/sys"), file.clone(), tmp.path().join("missing")].map(|p| (p, None));
+    let answers = ask(&w.socket, &contexts).unwrap();
     let why: Vec<String> = answers.into_iter().map(|a| a.expect_err("refused")).collect();
     assert!(why[0].contains("filesystem"), "{}", why[0]);
     assert!(why[1].contains("not a directory"), "{}", why[1]);
     assert!(why[2].contains("cannot read"), "{}", why[2]);
-    assert!(ask(&w.socket, &[PathBuf::from("relative/ctx")]).unwrap()[0].is_err());
+    assert!(ask(&w.socket, &[(PathBuf::from("relative/ctx"), None)]).unwrap()[0].is_err());
+}
+
+#[test]
+fn what_the_walk_leaves_out_moves_nothing_until_the_dockerignore_says_otherwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tree(tmp.path());
+    fs::create_dir_all(root.join("target/debug")).unwrap();
+    fs::write(root.join(".dockerignore"), "target\n**/*.log\n").unwrap();
+    let w = watcher(tmp.path());
+    let before = tag(&w, &root);
+    // A build writing its output, and a log beside the sources: no walk reads either.
+    fs::create_dir_all(root.join("target/debug/deps")).unwrap();
+    fs::write(root.join("target/debug/deps/out.o"), "object").unwrap();
+    fs::write(root.join("src/run.log"), "log line").unwrap();
+    assert_eq!(tag(&w, &root), before, "changes the walk never reads leave the tag alone");
+    let watches_before = w.watcher.counts().1;
+    fs::write(root.join(".dockerignore"), "**/*.log\n").unwrap();
+    let after = tag(&w, &root);
+    assert_ne!(after, before, "new ignore rules are a change");
+    assert!(w.watcher.counts().1 > watches_before, "target/ is watched now that the walk reads it");
+    fs::write(root.join("target/debug/deps/out.o"), "object, rebuilt").unwrap();
+    assert_ne!(tag(&w, &root), after, "target/ is part of the context now");
+    // The Dockerfile a walk keeps whatever the patterns say is watched for a context walked so.
+    fs::write(root.join(".dockerignore"), "**/*.log\nci/\n").unwrap();
+    fs::create_dir_all(root.join("ci")).unwrap();
+    fs::write(root.join("ci/Dockerfile"), "FROM scratch\n").unwrap();
+    let kept = (fs::canonicalize(&root).unwrap(), Some("ci/Dockerfile".to_string()));
+    let first = ask(&w.socket, std::slice::from_ref(&kept)).unwrap().pop().unwrap().unwrap();
+    fs::write(root.join("ci/Dockerfile"), "FROM scratch\nCOPY . /\n").unwrap();
+    let second = ask(&w.socket, std::slice::from_ref(&kept)).unwrap().pop().unwrap().unwrap();
+    assert_ne!(first, second, "the kept Dockerfile under an excluded folder is watched");
 }
 
 #[test]
@@ -159,7 +191,7 @@ fn a_second_watcher_on_a_live_socket_is_refused_and_a_dead_ones_socket_is_taken_
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     let taken = serve(&stale).unwrap();
     let root = tree(tmp.path());
-    assert!(ask(&taken.socket, &[fs::canonicalize(root).unwrap()]).unwrap()[0].is_ok());
+    assert!(ask(&taken.socket, &[(fs::canonicalize(root).unwrap(), None)]).unwrap()[0].is_ok());
     let mode = fs::metadata(stale.parent().unwrap()).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700, "the socket's folder is its user's alone");
 }
@@ -211,7 +243,12 @@ enum Edit {
     Rename(usize, usize),
     Mkdir(usize),
     Retarget(usize),
+    /// Rewrites `.dockerignore` with one of a few rule sets (excluding a folder, a name pattern,
+    /// with and without exceptions, or nothing).
+    Ignore(usize),
 }
+
+const IGNORES: [&str; 4] = ["d3\n", "*7\n!d2/f7\n", "d1\n!d1/f5\n", ""];
 
 fn edit() -> impl Strategy<Value = Edit> {
     prop_oneof![
@@ -222,6 +259,7 @@ fn edit() -> impl Strategy<Value = Edit> {
         (0..12usize, 0..12usize).prop_map(|(a, b)| Edit::Rename(a, b)),
         (0..4usize).prop_map(Edit::Mkdir),
         (0..12usize).prop_map(Edit::Retarget),
+        (0..IGNORES.len()).prop_map(Edit::Ignore),
     ]
 }
 
@@ -259,6 +297,7 @@ fn apply(root: &Path, e: &Edit) {
             let _ = fs::remove_file(&link);
             std::os::unix::fs::symlink(format!("f{i}"), link)
         }
+        Edit::Ignore(k) => fs::write(root.join(".dockerignore"), IGNORES[*k]),
     };
 }
 
@@ -275,6 +314,7 @@ proptest! {
         for i in 0..12 {
             apply(&root, &Edit::Write(i, vec![i as u8; i]));
         }
+        apply(&root, &Edit::Ignore(0));
         let cache = tmp.path().join("stat");
         let w = watcher(tmp.path());
         for e in &edits {

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use kiln_core::digest::{WalkFilter, WalkOptions};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 use super::protocol;
@@ -74,6 +75,10 @@ pub struct Watcher {
     state: Mutex<State>,
 }
 
+/// A context as a walk sees it: its canonical path and the Dockerfile its walk always keeps
+/// (`WalkOptions::dockerfile`), which decide together what the walk reads.
+pub type Context = (PathBuf, Option<String>);
+
 #[derive(Debug)]
 struct State {
     fd: Arc<OwnedFd>,
@@ -81,7 +86,7 @@ struct State {
     /// The last generation given out (every bump takes the next one, so a generation is never
     /// reused, even by another context).
     counter: u64,
-    roots: HashMap<PathBuf, Root>,
+    roots: HashMap<Context, Root>,
     watches: HashMap<i32, Watched>,
 }
 
@@ -90,7 +95,7 @@ struct State {
 struct Watched {
     path: PathBuf,
     dir: bool,
-    roots: Vec<PathBuf>,
+    roots: Vec<Context>,
 }
 
 #[derive(Debug)]
@@ -100,6 +105,20 @@ struct Root {
     gen: u64,
     wds: HashSet<i32>,
     stale: bool,
+    /// What its walk leaves out, from its `.dockerignore` when it was last watched anew: nothing
+    /// the walk never reads is watched, and no event about it moves the tag.
+    filter: Option<WalkFilter>,
+}
+
+impl Root {
+    /// Whether a change of the entry at `rel` (relative to the context) can change its walk.
+    fn cares(&self, rel: &[u8], is_dir: bool) -> bool {
+        match &self.filter {
+            Some(f) if is_dir => !f.skips_dir(rel),
+            Some(f) => !f.skips_file(rel),
+            None => true,
+        }
+    }
 }
 
 impl Watcher {
@@ -111,11 +130,11 @@ impl Watcher {
     }
 
     /// The tag of each context now, or why it cannot be watched.
-    pub fn answer(&self, roots: &[PathBuf]) -> Vec<Result<Vec<u8>, String>> {
+    pub fn answer(&self, contexts: &[Context]) -> Vec<Result<Vec<u8>, String>> {
         let mut state = self.lock();
         // Every change that finished before the question is in the queue now: take them in first.
         state.drain();
-        roots.iter().map(|root| state.tag(root).map(String::into_bytes)).collect()
+        contexts.iter().map(|context| state.tag(context).map(String::into_bytes)).collect()
     }
 
     /// How many contexts are watched, and how many watches cover them.
@@ -182,77 +201,92 @@ impl State {
         }
         let dropped = flags.intersects(ReadFlags::IGNORED | ReadFlags::UNMOUNT);
         let Some(watched) = self.watches.get(&wd) else { return };
-        let dir = watched.dir;
+        let (dir, at) = (watched.dir, watched.path.clone());
+        let is_dir = flags.contains(ReadFlags::ISDIR);
         // A file's watch ending (the file was deleted) changes no coverage: its directory's
         // watch reported the delete. A directory's ending, or any change of directories, does.
         let structural = (dir && (dropped || flags.intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF)))
-            || (flags.contains(ReadFlags::ISDIR)
+            || (is_dir
                 && flags
                     .intersects(ReadFlags::CREATE | ReadFlags::DELETE | ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO));
-        let roots = watched.roots.clone();
-        let new_file =
-            (dir && !flags.contains(ReadFlags::ISDIR) && flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO))
-                .then(|| watched.path.join(OsStr::from_bytes(name)));
+        let appeared = dir && !is_dir && flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO);
+        let owners = watched.roots.clone();
         if dropped {
             self.watches.remove(&wd);
         }
-        for path in &roots {
-            if let Some(root) = self.roots.get_mut(path) {
-                if dropped {
-                    root.wds.remove(&wd);
+        let mut to_watch = Vec::new();
+        for key in owners {
+            let Some(root) = self.roots.get_mut(&key) else { continue };
+            if dropped {
+                root.wds.remove(&wd);
+            }
+            // What the event names, relative to the context: a name in a watched directory, or
+            // the watched file or directory itself.
+            let mut rel = at.strip_prefix(&key.0).map(|p| p.as_os_str().as_bytes().to_vec()).unwrap_or_default();
+            if !name.is_empty() {
+                if !rel.is_empty() {
+                    rel.push(b'/');
                 }
-                root.stale |= structural;
-                State::bump(&mut self.counter, root);
+                rel.extend_from_slice(name);
+                if !root.cares(&rel, is_dir) {
+                    continue;
+                }
+            }
+            // New ignore rules change what the walk reads, and what must be watched.
+            root.stale |= structural || rel == b".dockerignore";
+            State::bump(&mut self.counter, root);
+            if appeared {
+                to_watch.push(key);
             }
         }
-        if let Some(file) = new_file {
-            for path in &roots {
-                // A file that cannot be watched leaves a gap: the context is looked at anew.
-                if self.watch(path, &file, false).is_err() {
-                    if let Some(root) = self.roots.get_mut(path) {
-                        root.stale = true;
-                    }
+        for key in to_watch {
+            // A file that cannot be watched leaves a gap: the context is looked at anew.
+            let file = at.join(OsStr::from_bytes(name));
+            if self.watch(&key, &file, false).is_err() {
+                if let Some(root) = self.roots.get_mut(&key) {
+                    root.stale = true;
                 }
             }
         }
     }
 
-    fn tag(&mut self, path: &Path) -> Result<String, String> {
+    fn tag(&mut self, key: &Context) -> Result<String, String> {
+        let path = &key.0;
         if !path.is_absolute() {
             return Err(format!("{} is not an absolute path", path.display()));
         }
         let meta = match fs::metadata(path) {
             Ok(meta) if meta.is_dir() => meta,
-            Ok(_) => return Err(self.forget(path, format!("{} is not a directory", path.display()))),
-            Err(err) => return Err(self.forget(path, format!("cannot read {}: {err}", path.display()))),
+            Ok(_) => return Err(self.forget(key, format!("{} is not a directory", path.display()))),
+            Err(err) => return Err(self.forget(key, format!("cannot read {}: {err}", path.display()))),
         };
-        if !self.roots.contains_key(path) {
+        if !self.roots.contains_key(key) {
             if self.roots.len() >= MAX_ROOTS {
                 return Err(format!("the watcher already watches {MAX_ROOTS} contexts; restart it to start afresh"));
             }
-            let root = Root { dev: 0, ino: 0, gen: 0, wds: HashSet::new(), stale: true };
-            self.roots.insert(path.to_path_buf(), root);
+            let root = Root { dev: 0, ino: 0, gen: 0, wds: HashSet::new(), stale: true, filter: None };
+            self.roots.insert(key.clone(), root);
         }
-        let root = &self.roots[path];
+        let root = &self.roots[key];
         // The path may name another directory now (it or a parent was moved or replaced): its
         // watches are on the old one.
         let moved = (meta.dev(), meta.ino()) != (root.dev, root.ino);
         if root.stale || moved {
-            if let Err(why) = self.rewatch(path, &meta) {
-                return Err(self.forget(path, why));
+            if let Err(why) = self.rewatch(key, &meta) {
+                return Err(self.forget(key, why));
             }
         }
-        let root = &self.roots[path];
+        let root = &self.roots[key];
         Ok(format!("{}:{}", self.id, root.gen))
     }
 
-    /// Watches `target` (a directory, or a file) for the context at `root`. `Ok(None)` when it is
+    /// Watches `target` (a directory, or a file) for the context `key`. `Ok(None)` when it is
     /// gone or no longer of that kind: the watch of its directory has the event.
-    fn watch(&mut self, root: &Path, target: &Path, dir: bool) -> Result<Option<i32>, String> {
+    fn watch(&mut self, key: &Context, target: &Path, dir: bool) -> Result<Option<i32>, String> {
         let flags = if dir { DIR_EVENTS } else { FILE_EVENTS };
         let wd = match inotify::add_watch(self.fd.as_fd(), target, flags) {
             Ok(wd) => wd,
-            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) if target != root => {
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) if target != key.0 => {
                 return Ok(None)
             }
             Err(rustix::io::Errno::NOSPC) => {
@@ -266,22 +300,34 @@ impl State {
             self.watches.entry(wd).or_insert_with(|| Watched { path: PathBuf::new(), dir, roots: Vec::new() });
         watched.path = target.to_path_buf();
         watched.dir = dir;
-        if !watched.roots.iter().any(|p| p == root) {
-            watched.roots.push(root.to_path_buf());
+        if !watched.roots.contains(key) {
+            watched.roots.push(key.clone());
         }
-        if let Some(r) = self.roots.get_mut(root) {
+        if let Some(r) = self.roots.get_mut(key) {
             r.wds.insert(wd);
         }
         Ok(Some(wd))
     }
 
-    /// Watches every directory and file under `path` anew, each directory before it is read (so
-    /// an entry added after the read is an event), and drops the watches no longer under it.
-    fn rewatch(&mut self, path: &Path, meta: &fs::Metadata) -> Result<(), String> {
-        let mut found = HashSet::new();
+    /// Watches every directory and file the walk of `key` reads, anew: each directory before it
+    /// is read (so an entry added after the read is an event), with the `.dockerignore` read
+    /// first; and drops the watches no longer needed.
+    fn rewatch(&mut self, key: &Context, meta: &fs::Metadata) -> Result<(), String> {
+        let path = key.0.as_path();
+        check_filesystem(path)?;
+        // The rules are read after the root's watch is in place: an edit of `.dockerignore`
+        // after this read is an event, which makes the context stale again.
+        let root_wd = self.watch(key, path, true)?;
+        let ignore = path.join(".dockerignore");
+        if fs::symlink_metadata(&ignore).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!("{} is a symlink: a change of what it names may not be seen", ignore.display()));
+        }
+        let opts = WalkOptions { dockerfile: key.1.clone() };
+        let filter = WalkFilter::load(path, &opts).map_err(|err| kiln_core::error_chain(&err))?;
+        let mut found: HashSet<i32> = root_wd.into_iter().collect();
         let mut devices = HashSet::new();
-        let mut pending = vec![path.to_path_buf()];
-        while let Some(dir) = pending.pop() {
+        let mut pending = vec![(path.to_path_buf(), Vec::new())];
+        while let Some((dir, rel)) = pending.pop() {
             let dev = match fs::symlink_metadata(&dir) {
                 Ok(m) => m.dev(),
                 Err(err) if err.kind() == io::ErrorKind::NotFound && dir != path => continue,
@@ -290,7 +336,7 @@ impl State {
             if devices.insert(dev) {
                 check_filesystem(&dir)?;
             }
-            let Some(wd) = self.watch(path, &dir, true)? else { continue };
+            let Some(wd) = self.watch(key, &dir, true)? else { continue };
             found.insert(wd);
             let entries = match fs::read_dir(&dir) {
                 Ok(entries) => entries,
@@ -299,46 +345,52 @@ impl State {
             };
             for entry in entries {
                 let entry = entry.map_err(|err| format!("cannot read {}: {err}", dir.display()))?;
+                let mut child = rel.clone();
+                if !child.is_empty() {
+                    child.push(b'/');
+                }
+                child.extend_from_slice(entry.file_name().as_bytes());
                 match entry.file_type() {
-                    Ok(t) if t.is_dir() => pending.push(entry.path()),
-                    Ok(t) if t.is_file() => {
-                        if let Some(wd) = self.watch(path, &entry.path(), false)? {
+                    Ok(t) if t.is_dir() && !filter.skips_dir(&child) => pending.push((entry.path(), child)),
+                    Ok(t) if t.is_file() && !filter.skips_file(&child) => {
+                        if let Some(wd) = self.watch(key, &entry.path(), false)? {
                             found.insert(wd);
                         }
                     }
-                    // A symlink's target is its content (it is not followed); anything else is
-                    // refused by the walk.
+                    // What the walk leaves out; a symlink, whose target is its content (it is not
+                    // followed); anything else the walk refuses.
                     _ => {}
                 }
             }
         }
-        let root = self.roots.get_mut(path).expect("a root is inserted before it is watched");
+        let root = self.roots.get_mut(key).expect("a root is inserted before it is watched");
         let old: Vec<i32> = root.wds.difference(&found).copied().collect();
         root.wds = found;
         root.dev = meta.dev();
         root.ino = meta.ino();
         root.stale = false;
+        root.filter = Some(filter);
         State::bump(&mut self.counter, root);
         for wd in old {
-            self.release(wd, path);
+            self.release(wd, key);
         }
         Ok(())
     }
 
-    /// Stops watching `path` (gone, or not watchable) and passes `why` on.
-    fn forget(&mut self, path: &Path, why: String) -> String {
-        if let Some(root) = self.roots.remove(path) {
+    /// Stops watching `key` (gone, or not watchable) and passes `why` on.
+    fn forget(&mut self, key: &Context, why: String) -> String {
+        if let Some(root) = self.roots.remove(key) {
             for wd in root.wds {
-                self.release(wd, path);
+                self.release(wd, key);
             }
         }
         why
     }
 
-    /// `path` no longer needs `wd`; the last context to let go removes the watch.
-    fn release(&mut self, wd: i32, path: &Path) {
+    /// `key` no longer needs `wd`; the last context to let go removes the watch.
+    fn release(&mut self, wd: i32, key: &Context) {
         if let Some(watched) = self.watches.get_mut(&wd) {
-            watched.roots.retain(|p| p != path);
+            watched.roots.retain(|k| k != key);
             if watched.roots.is_empty() {
                 self.watches.remove(&wd);
                 let _ = inotify::remove_watch(self.fd.as_fd(), wd);

@@ -24,7 +24,7 @@
 mod daemon;
 mod protocol;
 
-pub use daemon::{serve, Watcher, WatcherHandle};
+pub use daemon::{serve, Context, Watcher, WatcherHandle};
 
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -51,10 +51,10 @@ fn enabled() -> bool {
     !matches!(std::env::var("KILN_WATCH").as_deref(), Ok("off" | "0" | "false" | "no"))
 }
 
-/// The watcher's tag of each of `roots` (canonical paths), or `None` for a root it cannot watch.
-/// `None` as a whole when no watcher runs or it could not answer; that is said on stderr unless
-/// simply nobody runs one.
-pub fn tags(roots: &[PathBuf]) -> Option<Vec<Option<Vec<u8>>>> {
+/// The watcher's tag of each context (a canonical path and the Dockerfile its walk keeps), or
+/// `None` for one it cannot watch. `None` as a whole when no watcher runs or it could not answer;
+/// that is said on stderr unless simply nobody runs one.
+pub fn tags(roots: &[Context]) -> Option<Vec<Option<Vec<u8>>>> {
     if roots.is_empty() || !enabled() {
         return None;
     }
@@ -71,7 +71,7 @@ pub fn tags(roots: &[PathBuf]) -> Option<Vec<Option<Vec<u8>>>> {
 
 /// One question to the watcher at `socket`, bounded by [`ANSWER_WAIT`]: each root's tag, or why
 /// it cannot be watched.
-pub fn ask(socket: &Path, roots: &[PathBuf]) -> io::Result<Vec<Result<Vec<u8>, String>>> {
+pub fn ask(socket: &Path, roots: &[Context]) -> io::Result<Vec<Result<Vec<u8>, String>>> {
     let mut stream = UnixStream::connect(socket)?;
     stream.set_read_timeout(Some(ANSWER_WAIT))?;
     stream.set_write_timeout(Some(ANSWER_WAIT))?;

@@ -1,7 +1,8 @@
 //! The watcher's wire format, one question and its answers per connection:
 //!
 //! ```text
-//! question:  b"KILNWATCH1\n"  u32 count  count × ( u32 length, canonical path bytes )
+//! question:  b"KILNWATCH1\n"  u32 count
+//!            count × ( u32 length, canonical path bytes, u8 has-Dockerfile, [u32 length, bytes] )
 //! answer:    b"KILNWATCH1\n"  count × ( u8 kind, u32 length, bytes )
 //!            kind 0: the tag (opaque); kind 1: why the path cannot be watched (UTF-8)
 //! ```
@@ -12,31 +13,53 @@ use std::io::{self, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+use super::Context;
+
 const HELLO: &[u8; 11] = b"KILNWATCH1\n";
 /// No question names more contexts than this, and no path or tag is longer: a bound on what one
 /// connection can make the watcher allocate.
 pub const MAX_COUNT: u32 = 4096;
 const MAX_LEN: u32 = 64 << 10;
 
-pub fn write_question(out: &mut impl Write, roots: &[PathBuf]) -> io::Result<()> {
-    let mut buf = Vec::with_capacity(64 * roots.len() + 16);
+pub fn write_question(out: &mut impl Write, contexts: &[Context]) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(64 * contexts.len() + 16);
     buf.extend_from_slice(HELLO);
-    buf.extend_from_slice(&(roots.len() as u32).to_le_bytes());
-    for root in roots {
+    buf.extend_from_slice(&(contexts.len() as u32).to_le_bytes());
+    for (root, dockerfile) in contexts {
         let bytes = root.as_os_str().as_bytes();
         buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         buf.extend_from_slice(bytes);
+        match dockerfile {
+            Some(name) => {
+                buf.push(1);
+                buf.extend_from_slice(&(name.len() as u32).to_le_bytes());
+                buf.extend_from_slice(name.as_bytes());
+            }
+            None => buf.push(0),
+        }
     }
     out.write_all(&buf)
 }
 
-pub fn read_question(input: &mut impl Read) -> io::Result<Vec<PathBuf>> {
+pub fn read_question(input: &mut impl Read) -> io::Result<Vec<Context>> {
     hello(input)?;
     let count = u32_of(input)?;
     if count > MAX_COUNT {
         return Err(invalid("too many paths in one question"));
     }
-    (0..count).map(|_| Ok(PathBuf::from(std::ffi::OsString::from_vec(bytes_of(input)?)))).collect()
+    (0..count)
+        .map(|_| {
+            let root = PathBuf::from(std::ffi::OsString::from_vec(bytes_of(input)?));
+            let mut has = [0u8; 1];
+            input.read_exact(&mut has)?;
+            let dockerfile = match has[0] {
+                0 => None,
+                1 => Some(String::from_utf8(bytes_of(input)?).map_err(|_| invalid("a Dockerfile path not UTF-8"))?),
+                _ => return Err(invalid("a Dockerfile flag other than 0 or 1")),
+            };
+            Ok((root, dockerfile))
+        })
+        .collect()
 }
 
 pub fn write_answers(out: &mut impl Write, answers: &[Result<Vec<u8>, String>]) -> io::Result<()> {
@@ -105,7 +128,10 @@ mod tests {
 
     #[test]
     fn a_question_and_its_answers_read_back() {
-        let roots = vec![PathBuf::from("/a/b"), PathBuf::from(std::ffi::OsString::from_vec(b"/caf\xe9".to_vec()))];
+        let roots = vec![
+            (PathBuf::from("/a/b"), Some("build/Dockerfile".to_string())),
+            (PathBuf::from(std::ffi::OsString::from_vec(b"/caf\xe9".to_vec())), None),
+        ];
         let mut wire = Vec::new();
         write_question(&mut wire, &roots).unwrap();
         assert_eq!(read_question(&mut wire.as_slice()).unwrap(), roots);

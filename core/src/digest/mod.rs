@@ -40,7 +40,7 @@ pub use cache::{
     FileStat, Rejected, StatCache, Summary,
 };
 pub use feed::{digest_entries, digest_tree, hash_tree, Hashed};
-pub use walk::{digest_dir, walk_tree, Tree, WalkOptions};
+pub use walk::{digest_dir, walk_tree, Tree, WalkFilter, WalkOptions};
 
 /// The blake3 key-derivation context of the v2 tree digest (DESIGN.md "Specs"). Changing the
 /// stream's encoding means a new context string, so digests of different versions never meet.

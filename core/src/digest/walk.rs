@@ -49,14 +49,8 @@ pub fn walk_tree(root: &Path, opts: &WalkOptions) -> Result<Tree, DigestError> {
     if !meta.is_dir() {
         return Err(DigestError::NotADirectory { root: root.to_path_buf() });
     }
-    let mut ignore = load_ignore(root)?;
-    // The builder needs both files whatever the patterns say; the Docker CLI re-includes them
-    // with exceptions the same way, which also keeps a Dockerfile's excluded parent walkable.
-    ignore.keep_always(".dockerignore");
-    let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
-    ignore.keep_always(&dockerfile);
-
-    let walker = Walker { root, ignore: &ignore, matches: !ignore.excludes_nothing(), linked: AtomicBool::new(false) };
+    let filter = WalkFilter::load(root, opts)?;
+    let walker = Walker { root, filter: &filter, linked: AtomicBool::new(false) };
     let items = super::io::blocking(|| walker.dir(Vec::new()))?;
     // Sized once: growing by doubling copied every entry again and again, and the fresh pages
     // each copy touched were a third of a warm digest's page faults.
@@ -124,11 +118,48 @@ fn lossy(path: &[u8]) -> String {
     String::from_utf8_lossy(path).into_owned()
 }
 
-struct Walker<'a> {
-    root: &'a Path,
-    ignore: &'a DockerIgnore,
+/// What a walk of one context leaves out, by `.dockerignore` and the walk's options: the one rule
+/// both the walk and `kiln watch` (which need not watch what no walk reads) follow.
+#[derive(Debug)]
+pub struct WalkFilter {
+    ignore: DockerIgnore,
     /// False when the `.dockerignore` excludes nothing, so no path needs matching.
     matches: bool,
+}
+
+impl WalkFilter {
+    /// The filter of the context at `root` walked with `opts`, from its `.dockerignore` now.
+    pub fn load(root: &Path, opts: &WalkOptions) -> Result<WalkFilter, DigestError> {
+        let mut ignore = load_ignore(root)?;
+        // The builder needs both files whatever the patterns say; the Docker CLI re-includes them
+        // with exceptions the same way, which also keeps a Dockerfile's excluded parent walkable.
+        ignore.keep_always(".dockerignore");
+        let dockerfile = go_clean(opts.dockerfile.as_deref().unwrap_or("Dockerfile"));
+        ignore.keep_always(&dockerfile);
+        let matches = !ignore.excludes_nothing();
+        Ok(WalkFilter { ignore, matches })
+    }
+
+    /// Whether the path (relative, `/`-separated) is excluded by the patterns.
+    fn excluded(&self, rel: &[u8]) -> bool {
+        self.matches && self.ignore.is_excluded(&String::from_utf8_lossy(rel))
+    }
+
+    /// Whether the walk never enters the directory at `rel`: excluded, and no exception's text
+    /// lies under it.
+    pub fn skips_dir(&self, rel: &[u8]) -> bool {
+        self.excluded(rel) && !self.ignore.may_hold_exceptions_under(&String::from_utf8_lossy(rel))
+    }
+
+    /// Whether the walk leaves out the non-directory at `rel`.
+    pub fn skips_file(&self, rel: &[u8]) -> bool {
+        self.excluded(rel)
+    }
+}
+
+struct Walker<'a> {
+    root: &'a Path,
+    filter: &'a WalkFilter,
     /// See [`Tree::linked`].
     linked: AtomicBool,
 }
@@ -213,14 +244,14 @@ impl Walker<'_> {
         }
         path.extend_from_slice(name.as_bytes());
 
-        let excluded = self.matches && self.ignore.is_excluded(&String::from_utf8_lossy(&path));
+        let excluded = self.filter.excluded(&path);
         // `file_type` comes from the directory listing itself, so skipped names cost no `lstat`.
         let file_type = dirent.file_type().map_err(|err| unreadable(self.root, &path, err))?;
         if file_type.is_dir() {
             if !excluded {
                 return Ok(Found::Dir { path, listed: true });
             }
-            let walk_anyway = self.ignore.may_hold_exceptions_under(&String::from_utf8_lossy(&path));
+            let walk_anyway = !self.filter.skips_dir(&path);
             return Ok(if walk_anyway { Found::Dir { path, listed: false } } else { Found::Skipped });
         }
         if excluded {

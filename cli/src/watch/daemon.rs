@@ -88,6 +88,8 @@ struct State {
     counter: u64,
     roots: HashMap<Context, Root>,
     watches: HashMap<i32, Watched>,
+    /// Why each context last refused was refused, so that a refusal is said once, not per question.
+    refused: HashMap<Context, String>,
 }
 
 /// One watch: what it is on, and the contexts it covers (nested contexts share their inner part).
@@ -125,7 +127,14 @@ impl Watcher {
     pub fn new() -> io::Result<Watcher> {
         let fd = Arc::new(inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?);
         let id = format!("{:016x}{:016x}", fastrand::u64(..), std::process::id());
-        let state = State { fd: fd.clone(), id, counter: 0, roots: HashMap::new(), watches: HashMap::new() };
+        let state = State {
+            fd: fd.clone(),
+            id,
+            counter: 0,
+            roots: HashMap::new(),
+            watches: HashMap::new(),
+            refused: HashMap::new(),
+        };
         Ok(Watcher { fd, state: Mutex::new(state) })
     }
 
@@ -271,9 +280,23 @@ impl State {
         // The path may name another directory now (it or a parent was moved or replaced): its
         // watches are on the old one.
         let moved = (meta.dev(), meta.ino()) != (root.dev, root.ino);
+        let first = root.gen == 0;
         if root.stale || moved {
             if let Err(why) = self.rewatch(key, &meta) {
+                // Said where the person who started the watcher reads, once per context and
+                // reason: `kiln` itself just walks.
+                if self.refused.len() >= MAX_ROOTS {
+                    self.refused.clear();
+                }
+                if self.refused.insert(key.clone(), why.clone()).as_ref() != Some(&why) {
+                    eprintln!("kiln watch: not watching {}: {why} — kiln walks it every time", path.display());
+                }
                 return Err(self.forget(key, why));
+            }
+            self.refused.remove(key);
+            if first {
+                let watches = self.roots[key].wds.len();
+                eprintln!("kiln watch: watching {} ({watches} folders and files)", path.display());
             }
         }
         let root = &self.roots[key];

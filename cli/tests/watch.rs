@@ -192,8 +192,19 @@ fn a_second_watcher_on_a_live_socket_is_refused_and_a_dead_ones_socket_is_taken_
     let taken = serve(&stale).unwrap();
     let root = tree(tmp.path());
     assert!(ask(&taken.socket, &[(fs::canonicalize(root).unwrap(), None)]).unwrap()[0].is_ok());
-    let mode = fs::metadata(stale.parent().unwrap()).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o700, "the socket's folder is its user's alone");
+    let mode = fs::metadata(&stale).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "only its user may connect");
+    // A folder the watcher makes is its user's alone; one that exists is left as it is.
+    let made = tmp.path().join("fresh/run/watch.sock");
+    let fresh = serve(&made).unwrap();
+    assert_eq!(fs::metadata(made.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+    fresh.stop();
+    let shared = tmp.path().join("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o755)).unwrap();
+    let beside = serve(&shared.join("watch.sock")).unwrap();
+    assert_eq!(fs::metadata(&shared).unwrap().permissions().mode() & 0o777, 0o755, "an existing folder is not changed");
+    beside.stop();
 }
 
 /// `digest_dir_vouched` as `kiln up` runs it: the tag asked first, then the vouched result or a

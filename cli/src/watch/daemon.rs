@@ -462,12 +462,12 @@ impl Drop for WatcherHandle {
 
 /// Starts a watcher answering on `socket`, in threads of this process. Refuses when another
 /// watcher answers there; a socket file nobody answers on (a watcher that was killed) is replaced.
-/// The socket's folder is made only its user's (0700).
+/// A missing folder for it is made only its user's (0700), and the socket itself is 0600: only
+/// its user may ask (connecting needs write access to the socket file).
 pub fn serve(socket: &Path) -> io::Result<WatcherHandle> {
-    if let Some(dir) = socket.parent() {
-        fs::create_dir_all(dir)?;
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     }
     if UnixStream::connect(socket).is_ok() {
         return Err(io::Error::new(
@@ -480,6 +480,7 @@ pub fn serve(socket: &Path) -> io::Result<WatcherHandle> {
         _ => {}
     }
     let listener = UnixListener::bind(socket)?;
+    fs::set_permissions(socket, fs::Permissions::from_mode(0o600))?;
     let watcher = Arc::new(Watcher::new()?);
     let stop = Arc::new(AtomicBool::new(false));
 

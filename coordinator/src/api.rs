@@ -351,8 +351,12 @@ impl pb::kiln_server::Kiln for KilnService {
                     events.emit(EventKind::Note, None, format!("not swept: {}", kiln_core::error_chain(&err)));
                 }
             }
-            if let Err(err) = engine.store.release_claims(&id).await {
-                tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
+            // A converge that ended well without claiming (every image recorded and present)
+            // has nothing to release; one that failed may have claimed before it did.
+            if result.as_ref().map_or(true, |done| done.claimed) {
+                if let Err(err) = engine.store.release_claims(&id).await {
+                    tracing::warn!(converge = %id, error = %err, "claims not released; they expire on their lease");
+                }
             }
             result.map(|done| match done.changed {
                 true => (format!("{} at generation {}", plan.instance, done.generation), done.generation),

@@ -81,6 +81,8 @@ async fn a_converge_and_its_no_op_move_each_counter_by_what_they_did() {
     assert!(moved(&c0, &c1, "kiln_uploaded_bytes_total", &[]) > 0.0, "both contexts were uploaded");
     assert!(moved(&c0, &c1, "kiln_delivered_bytes_total", &[("target", &target)]) > 0.0, "both were pushed");
     assert_eq!(moved(&c0, &c1, "kiln_state_call_duration_seconds_count", &[("method", "write_record")]), 1.0);
+    assert_eq!(moved(&c0, &c1, "kiln_state_call_duration_seconds_count", &[("method", "claim")]), 1.0);
+    assert_eq!(moved(&c0, &c1, "kiln_state_call_duration_seconds_count", &[("method", "release_claims")]), 1.0);
     let owners: Vec<_> = c1.samples.iter().filter(|s| s.metric == "kiln_converges_total").collect();
     assert!(owners.iter().all(|s| s.labels.get("owner").is_some_and(|o| !o.is_empty())), "{owners:#?}");
     assert_eq!(moved(&a0, &a1, "kiln_agent_build_duration_seconds_count", &[("outcome", "built")]), 2.0);
@@ -98,6 +100,9 @@ async fn a_converge_and_its_no_op_move_each_counter_by_what_they_did() {
     assert_eq!(moved(&c1, &c2, "kiln_uploaded_bytes_total", &[]), 0.0);
     assert_eq!(moved(&c1, &c2, "kiln_delivered_bytes_total", &[]), 0.0);
     assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "write_record")]), 0.0);
+    // Every ref is the record's, so a root already: nothing claimed, nothing to release.
+    assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "claim")]), 0.0);
+    assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "release_claims")]), 0.0);
     assert_eq!(moved(&a1, &a2, "kiln_agent_build_duration_seconds_count", &[]), 0.0);
 
     // What is true now, read at the scrape: the farm is idle, its claims released.
@@ -125,6 +130,20 @@ async fn a_converge_and_its_no_op_move_each_counter_by_what_they_did() {
     assert_eq!(moved(&c2, &c3, "kiln_sweep_failures_total", &store), 0.0);
     // Bytes freed depend on the layers other tests' images share on this daemon: only present.
     assert!(c3.samples.iter().any(|s| s.metric == "kiln_sweep_freed_bytes_total" && s.labels.get("store").is_some()));
+    assert_eq!(moved(&c2, &c3, "kiln_state_call_duration_seconds_count", &[("method", "claim")]), 1.0);
+
+    // A recorded image deleted from the registry outside Kiln: its ref is still the record's,
+    // but the converge has something to deliver, so it claims before it pushes again.
+    let worker = reference(&dir, "worker");
+    let (repo, tag) = worker.trim_start_matches(&format!("{}/", registry.addr)).rsplit_once(':').unwrap();
+    registry.delete_tag(repo, tag);
+    let events = up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let c4 = scrape(coordinator).await;
+    let pushed = events.iter().any(|e| e.kind() == pb::converge_event::Kind::Pushed && e.image == "worker");
+    assert!(pushed, "pushed again: {events:#?}");
+    assert_eq!(moved(&c3, &c4, "kiln_state_call_duration_seconds_count", &[("method", "claim")]), 1.0);
+    assert_eq!(moved(&c3, &c4, "kiln_state_call_duration_seconds_count", &[("method", "release_claims")]), 1.0);
 
     // A scraper asking for OpenMetrics (Prometheus does) gets it.
     let (content_type, body) = get(coordinator, "application/openmetrics-text;version=1.0.0,text/plain;q=0.5").await;

@@ -65,6 +65,9 @@ impl std::fmt::Debug for Engine {
 pub struct Converged {
     pub generation: u64,
     pub changed: bool,
+    /// Whether it took claims (to be released when it ends): a converge that found every image
+    /// recorded and present took none.
+    pub claimed: bool,
 }
 
 /// Why a converge failed: the image it failed on, when one, and what happened.
@@ -139,7 +142,7 @@ impl Engine {
             // `kiln mirror`: the copy alone. The record is read only to say where it stands.
             crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
             let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
-            return Ok(Converged { generation: record.map_or(0, |r| r.generation.0), changed: false });
+            return Ok(Converged { generation: record.map_or(0, |r| r.generation.0), changed: false, claimed: false });
         }
         if platforms::multi(plan) {
             platforms::refuse_target(plan)?;
@@ -152,21 +155,29 @@ impl Engine {
                 _ => None,
             })
             .collect();
+        let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
         // Claim before building: no sweep anywhere may take a ref between its build and delivery,
-        // nor the content store a context between its upload and its build.
-        let lease = self.config.claim_lease.as_millis() as u64;
-        if !plan.dry_run {
-            let mut claims: Vec<String> = built.iter().map(|(i, _)| i.reference.clone()).collect();
-            claims.extend(built.iter().map(|(_, inputs)| format!("{CONTEXT_CLAIM_PREFIX}{}", inputs.context)));
-            let claiming = self.store.claim(id, &claims, now_ms() + lease);
-            claiming.instrument(step("claim")).await.map_err(store_failure)?;
+        // nor the content store a context between its upload and its build. A converge whose
+        // every built ref is the one the record names needs no claim to decide: the record keeps
+        // those refs from every sweep (it is a root), and no other converge of the instance can
+        // change it while this one runs. It claims as soon as it finds anything to build or
+        // deliver, before touching it — so the no-op converge, the one a developer waits for,
+        // makes two writes fewer (the claim and its release), each a commit behind a busy farm's.
+        let covered = record.as_ref().is_some_and(|r| {
+            built
+                .iter()
+                .all(|(i, _)| r.images.iter().any(|ri| ri.kind == RecordedKind::Built && ri.reference == i.reference))
+        });
+        let mut claimed = false;
+        if !plan.dry_run && !covered {
+            self.claim(id, &built).await?;
+            claimed = true;
         }
 
         // Pinned images reach their mirror before anything is built: a pin the mirror cannot get
         // fails the converge early, and nothing is recorded that names a copy not made.
         crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
 
-        let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
         let target = plan.target.identity();
         let mut recorded: Vec<RecordedImage> = Vec::new();
         for image in &plan.images {
@@ -199,7 +210,11 @@ impl Engine {
                     events.emit(kind, Some(&d.image.name), would_words(d.action, &d.reason));
                 }
                 let generation = record.as_ref().map_or(0, |r| r.generation.0);
-                return Ok(Converged { generation, changed: false });
+                return Ok(Converged { generation, changed: false, claimed });
+            }
+            if !claimed && decisions.iter().any(|d| d.action != Action::Skip) {
+                self.claim(id, &built).await?;
+                claimed = true;
             }
             for d in decisions.iter().filter(|d| d.action == Action::Skip) {
                 self.metrics.skipped(&Reason::Recorded);
@@ -221,7 +236,11 @@ impl Engine {
         // A dry run of brought and pinned images alone said all it had to above: it records
         // nothing, least of all a mirrored ref whose copy it did not make.
         if plan.dry_run {
-            return Ok(Converged { generation: record.as_ref().map_or(0, |r| r.generation.0), changed: false });
+            return Ok(Converged {
+                generation: record.as_ref().map_or(0, |r| r.generation.0),
+                changed: false,
+                claimed,
+            });
         }
         // Keep the manifest's order in the record.
         let order: BTreeMap<&str, usize> =
@@ -231,12 +250,21 @@ impl Engine {
         // generation would push the one it replaced out of the nodes' grace, and a sweep would
         // find nothing this converge made collectable.
         if let Some(current) = record.as_ref().filter(|r| r.images == recorded) {
-            return Ok(Converged { generation: current.generation.0, changed: false });
+            return Ok(Converged { generation: current.generation.0, changed: false, claimed });
         }
         let expected = record.map(|r| r.generation);
         let writing = self.store.write_record(&plan.instance, expected, recorded);
         let generation = writing.instrument(step("record")).await.map_err(store_failure)?;
-        Ok(Converged { generation: generation.0, changed: true })
+        Ok(Converged { generation: generation.0, changed: true, claimed })
+    }
+
+    /// Claims the built images' refs and contexts for the converge's lifetime (its lease).
+    async fn claim(&self, id: &ConvergeId, built: &[(&PlanImage, &BuildInputs)]) -> Result<(), Failure> {
+        let lease = self.config.claim_lease.as_millis() as u64;
+        let mut claims: Vec<String> = built.iter().map(|(i, _)| i.reference.clone()).collect();
+        claims.extend(built.iter().map(|(_, inputs)| format!("{CONTEXT_CLAIM_PREFIX}{}", inputs.context)));
+        let claiming = self.store.claim(id, &claims, now_ms() + lease);
+        claiming.instrument(step("claim")).await.map_err(store_failure)
     }
 
     /// The host agent the converge decides on (its listing, its registry probe) and delivers held

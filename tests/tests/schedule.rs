@@ -373,3 +373,31 @@ async fn an_agent_going_away_is_listed_as_draining_not_as_gone() {
     converge.abort();
     farm.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rebuild_goes_to_the_agent_that_built_it_before_not_the_next_in_turn() {
+    // Three idle agents, equally loaded: without warmth placement hands each new task to the
+    // next agent in turn, so a rebuild landing on the first builder again is the inventory's doing
+    // (the coordinator's index of who built which context and holds which ref).
+    let farm = SimFarm::start(3, 1, Duration::from_millis(10), |_| {}).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("warm");
+    write_instance(&dir, "warm", None, &[("app", "app v1")]);
+
+    for round in 0..3 {
+        let events = wire::up(&farm.url, &dir, round > 0).await;
+        assert!(succeeded(&events), "round {round}: {events:#?}");
+    }
+    let builds = farm.builds();
+    assert_eq!(builds.len(), 3, "built once, then rebuilt twice (--force): {builds:#?}");
+    assert!(builds.iter().all(|(agent, _)| *agent == builds[0].0), "every build where the first ran: {builds:#?}");
+
+    // A new context is warm nowhere: it goes to the next agent in turn, not to the warm one.
+    write_instance(&dir, "warm", None, &[("app", "app v2")]);
+    let events = wire::up(&farm.url, &dir, false).await;
+    assert!(succeeded(&events), "{events:#?}");
+    let builds = farm.builds();
+    assert_eq!(builds.len(), 4, "{builds:#?}");
+    assert_ne!(builds[3].0, builds[0].0, "a cold task is not pinned to one agent: {builds:#?}");
+    farm.stop().await;
+}

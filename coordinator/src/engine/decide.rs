@@ -209,8 +209,9 @@ impl Engine {
     async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId) -> Vec<HostListing> {
         let mut hosts: Vec<std::sync::Arc<AgentConn>> = Vec::new();
         if let Target::Local = plan.target {
-            let refs: Vec<HeldRef> = plan.images.iter().map(|i| HeldRef::of(&i.reference)).collect();
-            let holds_one = |a: &AgentConn| refs.iter().any(|r| a.holds(r));
+            let holding: std::collections::HashSet<crate::hub::StreamId> =
+                plan.images.iter().flat_map(|i| self.hub.inventory.holders(&HeldRef::of(&i.reference))).collect();
+            let holds_one = |a: &AgentConn| holding.contains(&a.stream);
             hosts =
                 self.hub.connected().into_iter().filter(|a| a.is_host() && a.id != host.id && holds_one(a)).collect();
         }

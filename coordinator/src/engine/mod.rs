@@ -22,12 +22,12 @@ pub mod running;
 
 use crate::contexts::Contexts;
 use crate::events::Events;
-use crate::hub::{AgentConn, HeldRef, Hub};
+use crate::hub::{AgentConn, HeldRef, Hub, StreamId};
 use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
 use crate::plan::{BuildInputs, PlanImage, PlanKind, UpPlan};
 use crate::state::StateStore;
 use crate::Config;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument;
@@ -293,8 +293,15 @@ impl Engine {
                     plan.instance.hash(&mut h);
                     h.finish() as usize
                 };
-                let refs: Vec<HeldRef> = plan.images.iter().map(|i| HeldRef::of(&i.reference)).collect();
-                let held = |a: &AgentConn| refs.iter().filter(|r| a.holds(r)).count();
+                // How many of the plan's images each host holds, from the index: one lookup per
+                // image, not one per image and host.
+                let mut tally: HashMap<StreamId, usize> = HashMap::new();
+                for image in &plan.images {
+                    for stream in self.hub.inventory.holders(&HeldRef::of(&image.reference)) {
+                        *tally.entry(stream).or_default() += 1;
+                    }
+                }
+                let held = |a: &AgentConn| tally.get(&a.stream).copied().unwrap_or(0);
                 let most = hosts.iter().map(|a| held(a)).max().unwrap_or(0);
                 let best: Vec<_> = hosts.into_iter().filter(|a| held(a) == most).collect();
                 return Ok(best[spread % best.len()].clone());

@@ -255,7 +255,8 @@ impl Engine {
         if home.holds(&held) {
             return Some(home.clone());
         }
-        self.hub.connected().into_iter().find(|a| a.is_host() && a.holds(&held))
+        let holding = self.hub.inventory.holders(&held);
+        self.hub.connected().into_iter().find(|a| a.is_host() && holding.contains(&a.stream))
     }
 
     async fn push_index(

@@ -17,7 +17,7 @@ mod placement;
 use placement::{Candidate, Choice};
 pub use placement::{Needs, Via};
 
-use crate::hub::{AgentConn, HeldRef};
+use crate::hub::{AgentConn, HeldRef, Inventory};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -113,6 +113,8 @@ pub struct Scheduler {
     state: Mutex<State>,
     affinity_wait: Duration,
     ticking: AtomicBool,
+    /// Who is warm for a task: asked once per placement attempt, not of every agent.
+    inventory: Arc<Inventory>,
 }
 
 #[derive(Debug, Default)]
@@ -158,11 +160,12 @@ struct Waiting {
 }
 
 impl Scheduler {
-    pub fn new(affinity_wait: Duration) -> Arc<Scheduler> {
+    pub fn new(affinity_wait: Duration, inventory: Arc<Inventory>) -> Arc<Scheduler> {
         Arc::new(Scheduler {
             state: Mutex::new(State { mean_ms: 1_000.0, ..State::default() }),
             affinity_wait,
             ticking: AtomicBool::new(false),
+            inventory,
         })
     }
 
@@ -415,6 +418,7 @@ impl State {
                 continue;
             }
             let waited = w.since.elapsed();
+            let warm = sched.inventory.warm(&w.held, &w.task.context);
             let ids: Vec<&String> = self.hosts.keys().collect();
             let candidates: Vec<Candidate<'_>> = self
                 .hosts
@@ -425,7 +429,7 @@ impl State {
                     emulates: &h.conn.emulates,
                     slots: h.conn.slots,
                     busy: h.busy,
-                    warm: h.conn.holds(&w.held) || h.conn.built(&w.task.context),
+                    warm: warm.contains(&h.conn.stream),
                 })
                 .collect();
             let choice = placement::choose(&candidates, &w.needs, waited, affinity_wait, self.turn);

@@ -9,7 +9,7 @@ use crate::model::{AgentId, AgentRole, AgentRow};
 use crate::state::StateStore;
 use crate::task::{Progress, Task, TaskFailure, TaskOutcome};
 use kiln_proto::v1 as pb;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,6 +18,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
+
+mod inventory;
+pub use inventory::{Inventory, StreamId};
 
 use crate::trust::Principal;
 
@@ -36,6 +39,9 @@ pub struct Hub {
     deadline: Duration,
     /// The build queue: host agents join it as they connect.
     pub schedule: Arc<crate::schedule::Scheduler>,
+    /// What every connected agent holds, both ways round.
+    pub inventory: Arc<Inventory>,
+    next_stream: AtomicU64,
 }
 
 /// How often a draining agent's stream looks whether anything is left for it.
@@ -72,10 +78,11 @@ pub struct AgentConn {
     issued_ms: Option<u64>,
     /// Builds it runs at once, as it announced (at least 1).
     pub slots: u32,
-    /// Its inventory as the coordinator last saw it: the refs of its last labeled listing and of
-    /// every build since, and the contexts it built. Placement reads these, never a live listing.
-    held: Mutex<HashSet<String>>,
-    built: Mutex<HashSet<String>>,
+    /// This connection of the agent: its inventory (the refs of its last labeled listing and of
+    /// every build since, and the contexts it built) is kept under it in `inventory`. Placement
+    /// reads that, never a live listing.
+    pub stream: StreamId,
+    inventory: Arc<Inventory>,
     /// A task with no sign of life for this long is given up as stalled.
     deadline: Duration,
     /// It said `GoingAway`: it finishes what it runs and takes nothing new.
@@ -123,12 +130,7 @@ impl AgentConn {
 
     /// Whether the agent's last listing, or a build since, showed `reference`.
     pub fn holds(&self, reference: &HeldRef) -> bool {
-        self.held.lock().unwrap().contains(&reference.0)
-    }
-
-    /// Whether the agent built the context `digest` before (its layer cache is warm for it).
-    pub fn built(&self, digest: &str) -> bool {
-        self.built.lock().unwrap().contains(digest)
+        self.inventory.holds(self.stream, reference)
     }
 
     /// Sends one task and waits for its result, handing every progress message to `on_progress`.
@@ -212,13 +214,12 @@ impl AgentConn {
         match &outcome {
             TaskOutcome::Built { .. } => {
                 if let Some((tag, context)) = built {
-                    self.held.lock().unwrap().insert(normalized(&tag));
-                    self.built.lock().unwrap().insert(context);
+                    self.inventory.built(self.stream, HeldRef::of(&tag), context);
                 }
             }
             TaskOutcome::Listing(l) => {
                 let refs = l.images.iter().flat_map(|i| i.refs.iter().map(|r| normalized(r))).collect();
-                *self.held.lock().unwrap() = refs;
+                self.inventory.listed(self.stream, refs);
             }
             _ => {}
         }
@@ -262,13 +263,16 @@ impl Hub {
     /// `lease`: how long an agent may be silent; `deadline`: how long a task may show no sign of
     /// life; `affinity_wait`: how long a build waits for a warm agent.
     pub fn new(store: Arc<dyn StateStore>, lease: Duration, deadline: Duration, affinity_wait: Duration) -> Hub {
+        let inventory = Arc::new(Inventory::default());
         Hub {
             agents: Mutex::new(HashMap::new()),
             changed: Notify::new(),
             store,
             heartbeat: (lease / 3).max(Duration::from_millis(100)),
             lease,
-            schedule: crate::schedule::Scheduler::new(affinity_wait),
+            schedule: crate::schedule::Scheduler::new(affinity_wait, inventory.clone()),
+            inventory,
+            next_stream: AtomicU64::new(1),
             deadline,
         }
     }
@@ -294,6 +298,7 @@ impl Hub {
     fn register(&self, conn: Arc<AgentConn>) {
         // A reconnecting agent replaces its old stream. The old one is told and closed — never
         // left connected but unregistered — and its tasks fail as lost, to be run elsewhere.
+        self.inventory.join(conn.stream);
         let old = self.agents.lock().unwrap().insert(conn.id.clone(), conn.clone());
         if let Some(old) = old.filter(|old| !Arc::ptr_eq(old, &conn)) {
             let why = format!("agent {} connected again; this older stream is closed", old.id);
@@ -301,6 +306,7 @@ impl Hub {
             old.closed.notify_one();
             old.pending.lock().unwrap().clear();
             self.schedule.left(&old);
+            self.inventory.leave(old.stream);
         }
         if conn.is_host() {
             self.schedule.joined(conn);
@@ -319,6 +325,7 @@ impl Hub {
         // Dropping the senders fails every waiting task with `Lost`.
         conn.pending.lock().unwrap().clear();
         self.schedule.left(conn);
+        self.inventory.leave(conn.stream);
         self.changed.notify_waiters();
         current
     }
@@ -525,8 +532,8 @@ impl pb::agent_hub_server::AgentHub for HubService {
                 _ => None,
             },
             slots: hello.slots.max(1),
-            held: Mutex::new(HashSet::new()),
-            built: Mutex::new(HashSet::new()),
+            stream: hub.next_stream.fetch_add(1, Ordering::Relaxed),
+            inventory: hub.inventory.clone(),
             deadline: hub.deadline,
             draining: Default::default(),
         });

@@ -13,6 +13,7 @@
 //!   [`run_node`] is the same loop for a node agent. `metrics` is its `/metrics` (`--metrics ADDR`),
 //!   `health` its gRPC health service (`--health ADDR`).
 
+mod contexts;
 pub mod emulation;
 pub mod enroll;
 mod health;
@@ -25,6 +26,7 @@ mod runner;
 pub mod stores;
 mod tasks;
 
+pub use contexts::DEFAULT_BUDGET as DEFAULT_CONTEXT_CACHE;
 pub use health::READY_SERVICE;
 pub use runner::{
     coordinator_urls, node_store_id, run, run_node, run_node_with, run_with, AgentConfig, Platforms, RunError,

@@ -30,6 +30,12 @@ struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Source {
+    /// `cache` (an archive this agent verified before) or `coordinator` (downloaded and verified).
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Store {
     /// The store's id as announced: `docker@AGENT`, `kind:NODE@AGENT`, `containerd@AGENT`, `cri@AGENT`.
     store: String,
@@ -44,6 +50,7 @@ pub(crate) struct AgentMetrics {
     store_images: Family<Store, Gauge>,
     store_bytes: Family<Store, Gauge>,
     removal_failures: Family<Store, Counter>,
+    contexts: Family<Source, Counter>,
 }
 
 impl AgentMetrics {
@@ -59,6 +66,7 @@ impl AgentMetrics {
             store_images: Family::default(),
             store_bytes: Family::default(),
             removal_failures: Family::default(),
+            contexts: Family::default(),
         };
         let slots_gauge: Gauge = Gauge::default();
         slots_gauge.set(i64::from(slots));
@@ -81,7 +89,17 @@ impl AgentMetrics {
             m.store_bytes.clone(),
         );
         r.register("removal_failures", "Removals a store refused, by store", m.removal_failures.clone());
+        r.register("build_contexts", "Build contexts placed for a build, by where they came from", m.contexts.clone());
         m
+    }
+
+    /// Where a build's context came from: this agent's cache, or the coordinator.
+    pub(crate) fn context_placed(&self, placed: crate::contexts::Placed) {
+        let source = match placed {
+            crate::contexts::Placed::Held => "cache",
+            crate::contexts::Placed::Fetched => "coordinator",
+        };
+        self.contexts.get_or_create(&Source { source }).inc();
     }
 
     /// A build starting: busy until the returned guard drops, however the task ends.

@@ -40,6 +40,9 @@ pub struct AgentConfig {
     pub identity: Option<crate::enroll::Identity>,
     /// Builds this agent runs at once (`--slots`); 0: one per core.
     pub slots: u32,
+    /// Bytes of verified context archives kept for the next build of the same context
+    /// (`--context-cache`); 0 keeps none.
+    pub context_cache: u64,
     /// Where `/metrics` is served over plain HTTP (`--metrics`); `None`, as in embedded mode: no listener.
     pub metrics: Option<std::net::SocketAddr>,
     /// Where the standard gRPC health service is served in plaintext (`--health`); `None`: not served.
@@ -91,6 +94,7 @@ impl AgentConfig {
             cluster: String::new(),
             identity: None,
             slots: 0,
+            context_cache: crate::contexts::DEFAULT_BUDGET,
             metrics: None,
             health: None,
             drain_grace: crate::DRAIN_GRACE,
@@ -228,6 +232,9 @@ async fn serve(
         Served::Node(_) => 0,
     };
     let metrics = Arc::new(AgentMetrics::new(slots));
+    // Kept across reconnects, like the metrics: a coordinator's restart does not make a verified
+    // archive less so.
+    let contexts = Arc::new(crate::contexts::ContextCache::open(&config.scratch_dir, config.context_cache));
     let _listening = match config.metrics {
         Some(addr) => Some(crate::metrics::start(addr, metrics.clone()).await.map_err(|err| RunError::Metrics {
             agent: config.agent_id.clone(),
@@ -260,7 +267,8 @@ async fn serve(
             let tls = identity.tls().map_err(|err| RunError::Identity { agent: config.agent_id.clone(), err })?;
             endpoint = endpoint.tls_config(tls).map_err(|_| bad_url(&url))?;
         }
-        let ended = session(&config, &url, &endpoint, served.clone(), &metrics, &health, &mut shutdown).await;
+        let ended =
+            session(&config, &url, &endpoint, served.clone(), (&metrics, &contexts), &health, &mut shutdown).await;
         health.not_ready().await;
         let why = match ended {
             Session::Stopped => return Ok(()),
@@ -386,7 +394,7 @@ async fn session(
     url: &str,
     endpoint: &Endpoint,
     served: Served,
-    metrics: &Arc<AgentMetrics>,
+    (metrics, contexts): (&Arc<AgentMetrics>, &Arc<crate::contexts::ContextCache>),
     health: &crate::health::Health,
     shutdown: &mut Pin<Box<dyn Future<Output = ()> + Send>>,
 ) -> Session {
@@ -446,6 +454,7 @@ async fn session(
             content: pb::content_store_client::ContentStoreClient::new(channel.clone()),
             relay: pb::image_relay_client::ImageRelayClient::new(channel),
             scratch: config.scratch_dir.clone(),
+            contexts: contexts.clone(),
             out: tx.clone(),
             metrics: metrics.clone(),
         })),

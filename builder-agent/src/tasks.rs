@@ -25,6 +25,8 @@ pub(crate) struct TaskContext {
     /// Where an exported image goes on its way to node agents.
     pub relay: pb::image_relay_client::ImageRelayClient<Channel>,
     pub scratch: PathBuf,
+    /// Verified archives of contexts built here before (`contexts`).
+    pub contexts: Arc<crate::contexts::ContextCache>,
     pub out: mpsc::Sender<pb::AgentMessage>,
     pub metrics: Arc<crate::metrics::AgentMetrics>,
 }
@@ -156,13 +158,17 @@ async fn fetch_verify_build(
     archive: &Path,
     b: pb::BuildTask,
 ) -> TaskResult {
-    download(ctx, digest, archive).instrument(tracing::info_span!("fetch", context = %digest)).await?;
-    let (a, s, d) = (archive.to_path_buf(), ctx.scratch.clone(), *digest);
-    let verifying = tracing::info_span!("verify", context = %digest);
-    tokio::task::spawn_blocking(move || verifying.in_scope(|| verify_context(&a, &d, &s)))
-        .await
-        .map_err(failed)?
-        .map_err(|e| (ErrorKind::ContextMismatch, kiln_core::error_chain(&e)))?;
+    let fetch = || async {
+        download(ctx, digest, archive).instrument(tracing::info_span!("fetch", context = %digest)).await?;
+        let (a, s, d) = (archive.to_path_buf(), ctx.scratch.clone(), *digest);
+        let verifying = tracing::info_span!("verify", context = %digest);
+        tokio::task::spawn_blocking(move || verifying.in_scope(|| verify_context(&a, &d, &s)))
+            .await
+            .map_err(failed)?
+            .map_err(|e| (ErrorKind::ContextMismatch, kiln_core::error_chain(&e)))
+    };
+    let placed = ctx.contexts.place(digest, archive, fetch).await?;
+    ctx.metrics.context_placed(placed);
     let spec = BuildSpec {
         tag: b.tag,
         dockerfile: b.dockerfile,

@@ -83,6 +83,9 @@ impl Embedded {
                 // The coordinator stops with it, and the CLI stops them only once its converge
                 // ended: nothing is left to drain, and waiting would slow every command's exit.
                 drain_grace: std::time::Duration::ZERO,
+                // It lives for one command and a start empties the cache, while the contexts it
+                // would keep sit in the content store on this same disk: nothing to keep.
+                context_cache: 0,
                 ..AgentConfig::new(url.clone(), embedded.site.agent_id(), embedded.site.scratch_dir())
             };
             embedded.agent = Some(tokio::spawn(kiln_agent::run(config, async move {

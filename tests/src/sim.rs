@@ -310,11 +310,24 @@ impl SimFarm {
 
     /// Starts one more simulated agent (not waited for).
     pub fn add_agent(&mut self, id: &str, slots: u32, build_time: Duration) -> Arc<SimHost> {
+        self.add_agent_with(id, slots, build_time, |_| {})
+    }
+
+    /// [`SimFarm::add_agent`], with its configuration changed by `configure` (its `/metrics`, its
+    /// context cache) before it starts.
+    pub fn add_agent_with(
+        &mut self,
+        id: &str,
+        slots: u32,
+        build_time: Duration,
+        configure: impl FnOnce(&mut kiln_agent::AgentConfig),
+    ) -> Arc<SimHost> {
         let store = SimHost::new(id, build_time);
-        let config = kiln_agent::AgentConfig {
+        let mut config = kiln_agent::AgentConfig {
             slots,
             ..kiln_agent::AgentConfig::new(self.url.clone(), id.to_string(), self.state.path().join("scratch").join(id))
         };
+        configure(&mut config);
         let (stop, stopped) = oneshot::channel::<()>();
         let shared: Arc<dyn HostStore> = store.clone();
         let task = tokio::spawn(async move {

@@ -47,6 +47,10 @@ struct Args {
     /// Builds this agent runs at once; the coordinator never gives it more. Default: one per core.
     #[arg(long, env = "KILN_SLOTS", default_value_t = 0, hide_default_value = true)]
     slots: u32,
+    /// Bytes of verified build contexts kept for the next build of the same context, least
+    /// recently used out first (e.g. `2g`, `512m`; `0` keeps none). Emptied at every start.
+    #[arg(long, env = "KILN_CONTEXT_CACHE", default_value = "2g", value_parser = parse_bytes)]
+    context_cache: u64,
     /// Serve this agent's `/metrics` (Prometheus) over plain HTTP on this address, e.g.
     /// `127.0.0.1:7072`. Off unless given; unauthenticated, so bind it where only the scraper reaches.
     #[arg(long, value_name = "ADDR", env = "KILN_METRICS")]
@@ -124,6 +128,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cluster: args.cluster.unwrap_or_default(),
         identity: tls.then_some(identity),
         slots: args.slots,
+        context_cache: args.context_cache,
         metrics: args.metrics,
         health: args.health,
         drain_grace: args.drain_grace,
@@ -167,4 +172,34 @@ fn native_platforms(given: &[String]) -> anyhow::Result<Vec<String>> {
                 .map_err(|err| anyhow::anyhow!("--platform {p}: {}", kiln_core::error_chain(&err)))
         })
         .collect()
+}
+
+/// `--context-cache`: a byte count with an optional binary unit (`k`, `m`, `g`, `t`).
+fn parse_bytes(given: &str) -> Result<u64, String> {
+    let lower = given.trim().to_ascii_lowercase();
+    let lower = lower.strip_suffix("ib").or_else(|| lower.strip_suffix('b')).unwrap_or(&lower);
+    let (number, shift) = match lower.char_indices().last() {
+        Some((i, 'k')) => (&lower[..i], 10),
+        Some((i, 'm')) => (&lower[..i], 20),
+        Some((i, 'g')) => (&lower[..i], 30),
+        Some((i, 't')) => (&lower[..i], 40),
+        _ => (lower, 0),
+    };
+    let bad = || format!("`{given}` is not a size — write bytes or a number with k, m, g or t (e.g. 2g, 512m, 0)");
+    let n: u64 = number.trim().parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_read_with_binary_units_and_nonsense_is_named() {
+        assert_eq!(super::parse_bytes("0"), Ok(0));
+        assert_eq!(super::parse_bytes("2g"), Ok(2 << 30));
+        assert_eq!(super::parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(super::parse_bytes("100"), Ok(100));
+        let refused = super::parse_bytes("lots").unwrap_err();
+        assert!(refused.contains("`lots` is not a size"), "{refused}");
+        assert!(super::parse_bytes("99999999999t").is_err());
+    }
 }

@@ -15,8 +15,9 @@
 //!   then links it, rather than fetching the same bytes twice.
 //! - Bounded by a byte budget (`--context-cache`), least recently used out first; an archive
 //!   larger than the budget is used and not kept.
-//! - Emptied when the agent starts: an entry renamed in without an fsync may be torn after a
-//!   crash, and a cache is cheaper to refill than to check.
+//! - Emptied when the agent starts: an entry linked in without an fsync may be torn after a
+//!   crash, and a cache is cheaper to refill than to check. Only its own `<digest>.tar` names are
+//!   removed.
 
 use kiln_core::digest::TreeDigest;
 use std::collections::HashMap;
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex};
 pub const DEFAULT_BUDGET: u64 = 2 << 30;
 
 /// Where the cache lives inside the agent's scratch directory.
-const DIR: &str = "contexts";
+const DIR: &str = "kiln-contexts";
 
 #[derive(Debug)]
 pub(crate) struct ContextCache {
@@ -66,7 +67,7 @@ impl ContextCache {
     /// The cache under `scratch`, emptied; `budget` 0 keeps nothing (every task fetches).
     pub(crate) fn open(scratch: &Path, budget: u64) -> ContextCache {
         let dir = scratch.join(DIR);
-        let _ = std::fs::remove_dir_all(&dir);
+        empty(&dir);
         if budget > 0 {
             if let Err(err) = std::fs::create_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), %err, "no context cache: every build fetches its context");
@@ -172,6 +173,22 @@ impl ContextCache {
     }
 }
 
+/// Removes the archives a cache in `dir` kept (`<64 hex>.tar`), and nothing else: a file of
+/// another name there is not Kiln's to remove, whoever pointed `--scratch` at that directory.
+fn empty(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let ours = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".tar"))
+            .is_some_and(|stem| stem.len() == 64 && stem.bytes().all(|b| b.is_ascii_hexdigit()));
+        if ours {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,8 +283,11 @@ mod tests {
         let kept = ContextCache::open(scratch.path(), 1 << 20);
         kept.place(&digest(5), &archive, || fetch(&archive, 10, 5, &fetches)).await.unwrap();
         assert!(kept.path(&digest(5)).exists());
+        let someone_elses = scratch.path().join(DIR).join("notes.txt");
+        std::fs::write(&someone_elses, "not Kiln's").unwrap();
         let restarted = ContextCache::open(scratch.path(), 1 << 20);
         assert!(!restarted.path(&digest(5)).exists(), "a restarted agent trusts nothing it kept before");
+        assert!(someone_elses.exists(), "only the cache's own archives are removed");
         let off = ContextCache::open(scratch.path(), 0);
         for _ in 0..2 {
             assert_eq!(off.place(&digest(5), &archive, || fetch(&archive, 10, 5, &fetches)).await, Ok(Placed::Fetched));

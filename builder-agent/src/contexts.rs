@@ -68,17 +68,15 @@ impl ContextCache {
     pub(crate) fn open(scratch: &Path, budget: u64) -> ContextCache {
         let dir = scratch.join(DIR);
         empty(&dir);
-        if budget > 0 {
-            if let Err(err) = std::fs::create_dir_all(&dir) {
+        let made = if budget > 0 { std::fs::create_dir_all(&dir) } else { Ok(()) };
+        let budget = match made {
+            Ok(()) => budget,
+            Err(err) => {
                 tracing::warn!(dir = %dir.display(), %err, "no context cache: every build fetches its context");
-                return ContextCache::none(dir);
+                0
             }
-        }
+        };
         ContextCache { dir, budget, index: Mutex::default(), gates: Mutex::default() }
-    }
-
-    fn none(dir: PathBuf) -> ContextCache {
-        ContextCache { dir, budget: 0, index: Mutex::default(), gates: Mutex::default() }
     }
 
     /// Puts the verified archive of `digest` at `archive` (a path of the task's own): linked from

@@ -41,6 +41,11 @@ pub struct FarmArgs {
     /// in the coordinator's process).
     #[arg(long)]
     external: bool,
+    /// Simulated agents keep no contexts (`kiln-agent --context-cache 0`): every build of the
+    /// measured round downloads and verifies its context again, as a farm rebuilding contexts
+    /// its agents have not seen would. By default they keep what they built in the untimed round.
+    #[arg(long)]
+    cold_contexts: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -105,9 +110,21 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     }
     let database = postgres.as_ref().map(|pg| rt.block_on(pg.create_database()).url);
     let external = args.external.then(|| External::start(scratch.path(), database.as_deref())).transpose()?;
+    let cold = args.cold_contexts;
+    let agent = move |config: &mut kiln_agent::AgentConfig| {
+        if cold {
+            config.context_cache = 0;
+        }
+    };
     let farm = match &external {
-        Some(coordinator) => rt.block_on(SimFarm::join(&coordinator.url, args.agents, args.slots, build)),
-        None => rt.block_on(SimFarm::start(args.agents, args.slots, build, |config| config.database = database)),
+        Some(coordinator) => rt.block_on(SimFarm::join_with(&coordinator.url, args.agents, args.slots, build, agent)),
+        None => rt.block_on(SimFarm::start_with(
+            args.agents,
+            args.slots,
+            build,
+            |config| config.database = database,
+            agent,
+        )),
     };
     eprintln!(
         "  connected in {} ({} state{})",
@@ -150,6 +167,14 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
         agent.store.set_build_time(build);
     }
     let before_builds = farm.builds().len();
+    // With `KILN_BENCH_METRICS=FILE`, the page before the load too (`FILE.before`): the load's
+    // own state calls are the difference.
+    if let (Some(c), Some(out)) = (&external, std::env::var_os("KILN_BENCH_METRICS")) {
+        let page = std::process::Command::new("curl").args(["-fsS", &format!("http://{}/metrics", c.http)]).output()?;
+        let mut before = std::path::PathBuf::from(out).into_os_string();
+        before.push(".before");
+        std::fs::write(before, &page.stdout)?;
+    }
     let (_, cpu_before) = rss_and_cpu();
     let coordinator_before = external.as_ref().map_or(0.0, External::cpu_seconds);
     // `KILN_BENCH_PERF=FILE`: a `perf record` of the coordinator over the load alone.
@@ -183,7 +208,7 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
             up_ms[up_ms.len() - 1],
             load_started.elapsed().as_secs_f64()
         );
-        if up_ms[up_ms.len() - 1] > 200.0 {
+        if up_ms[up_ms.len() - 1] > UP_P99_GOAL_MS {
             let start = events.first().map_or(0, |e| e.at_ms);
             for e in &events {
                 eprintln!("    +{} ms {:?} {} {}", e.at_ms - start, e.kind(), e.image, e.message);
@@ -247,8 +272,13 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
 
     println!("## The farm under load (simulated agents)\n");
     println!(
-        "{} simulated agents × {} slot(s) connected and heartbeating to one coordinator on loopback; {} concurrent converges × {} images (contexts uploaded beforehand; every image rebuilt with `--force`), simulated builds of {} ms.\n",
-        args.agents, args.slots, args.converges, args.images, args.build_ms
+        "{} simulated agents × {} slot(s) connected and heartbeating to one coordinator on loopback; {} concurrent converges × {} images (contexts uploaded beforehand; every image rebuilt with `--force`{}), simulated builds of {} ms.\n",
+        args.agents,
+        args.slots,
+        args.converges,
+        args.images,
+        if cold { ", agents keeping no contexts" } else { ", agents holding the contexts they built before" },
+        args.build_ms
     );
     println!("| measure | value | goal |\n|---|---|---|");
     println!(

@@ -274,6 +274,17 @@ impl SimFarm {
         build_time: Duration,
         configure: impl FnOnce(&mut kiln_coordinator::Config),
     ) -> SimFarm {
+        SimFarm::start_with(agents, slots, build_time, configure, |_| {}).await
+    }
+
+    /// [`SimFarm::start`], with every agent's configuration changed by `agent` before it starts.
+    pub async fn start_with(
+        agents: usize,
+        slots: u32,
+        build_time: Duration,
+        configure: impl FnOnce(&mut kiln_coordinator::Config),
+        agent: impl Fn(&mut kiln_agent::AgentConfig),
+    ) -> SimFarm {
         let state = tempfile::tempdir().expect("temp dir");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
         let url = format!("http://{}", listener.local_addr().expect("address"));
@@ -290,7 +301,7 @@ impl SimFarm {
         });
         let mut farm = SimFarm { url, state, agents: Vec::new(), coordinator: Some((stop, coordinator)) };
         for i in 0..agents {
-            farm.add_agent(&format!("sim-{i:04}"), slots, build_time);
+            farm.add_agent_with(&format!("sim-{i:04}"), slots, build_time, &agent);
         }
         farm.wait_connected(agents).await;
         farm
@@ -299,10 +310,21 @@ impl SimFarm {
     /// `agents` simulated hosts joining the coordinator already serving at `url` (another process:
     /// `kiln-bench farm --external`); returns once every agent is connected.
     pub async fn join(url: &str, agents: usize, slots: u32, build_time: Duration) -> SimFarm {
+        SimFarm::join_with(url, agents, slots, build_time, |_| {}).await
+    }
+
+    /// [`SimFarm::join`], with every agent's configuration changed by `agent` before it starts.
+    pub async fn join_with(
+        url: &str,
+        agents: usize,
+        slots: u32,
+        build_time: Duration,
+        agent: impl Fn(&mut kiln_agent::AgentConfig),
+    ) -> SimFarm {
         let state = tempfile::tempdir().expect("temp dir");
         let mut farm = SimFarm { url: url.to_string(), state, agents: Vec::new(), coordinator: None };
         for i in 0..agents {
-            farm.add_agent(&format!("sim-{i:04}"), slots, build_time);
+            farm.add_agent_with(&format!("sim-{i:04}"), slots, build_time, &agent);
         }
         farm.wait_connected(agents).await;
         farm

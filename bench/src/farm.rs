@@ -118,13 +118,9 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     };
     let farm = match &external {
         Some(coordinator) => rt.block_on(SimFarm::join_with(&coordinator.url, args.agents, args.slots, build, agent)),
-        None => rt.block_on(SimFarm::start_with(
-            args.agents,
-            args.slots,
-            build,
-            |config| config.database = database,
-            agent,
-        )),
+        None => {
+            rt.block_on(SimFarm::start_with(args.agents, args.slots, build, |config| config.database = database, agent))
+        }
     };
     eprintln!(
         "  connected in {} ({} state{})",

@@ -12,6 +12,7 @@
 //! to that), so every acquisition succeeds with token 1 and nothing is ever fenced. The lease lives
 //! in memory only, for [`StateStore::current_leader`] to answer.
 
+mod cached;
 mod catalog;
 mod claims;
 mod converges;
@@ -21,6 +22,8 @@ mod readers;
 mod records;
 mod trust;
 mod writer;
+
+use cached::{Cached, STATEMENT_CACHE};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -204,72 +207,6 @@ impl<T> Ctx<T> for rusqlite::Result<T> {
         self.map_err(|err| StateError::Backend { what: what(), err: Box::new(err) })
     }
 }
-
-/// Statements kept prepared per connection, by their text (rusqlite's statement cache). Under a
-/// farm's burst, parsing the same few dozen statements on every call was a tenth of the
-/// coordinator's CPU (`sqlite3Prepare` in a `perf record` of `kiln-bench farm --external`).
-pub(super) trait Cached {
-    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
-    fn one_row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
-    where
-        P: rusqlite::Params,
-        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
-    /// A savepoint inside the call's own: its statements land together or not at all.
-    fn nested(&self) -> rusqlite::Result<Nested<'_>>;
-}
-
-impl Cached for Connection {
-    fn exec<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
-        self.prepare_cached(sql)?.execute(params)
-    }
-
-    fn one_row<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
-    where
-        P: rusqlite::Params,
-        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-    {
-        self.prepare_cached(sql)?.query_row(params, f)
-    }
-
-    fn nested(&self) -> rusqlite::Result<Nested<'_>> {
-        self.exec("SAVEPOINT kiln_nested", [])?;
-        Ok(Nested { conn: self, done: false })
-    }
-}
-
-/// rusqlite's `Savepoint`, with its statements cached: released by `commit`, rolled back when
-/// dropped without it (an early `?` return).
-pub(super) struct Nested<'c> {
-    conn: &'c Connection,
-    done: bool,
-}
-
-impl Nested<'_> {
-    fn commit(mut self) -> rusqlite::Result<()> {
-        self.done = true;
-        self.conn.exec("RELEASE kiln_nested", []).map(|_| ())
-    }
-}
-
-impl std::ops::Deref for Nested<'_> {
-    type Target = Connection;
-    fn deref(&self) -> &Connection {
-        self.conn
-    }
-}
-
-impl Drop for Nested<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.conn.exec("ROLLBACK TO kiln_nested", []);
-            let _ = self.conn.exec("RELEASE kiln_nested", []);
-        }
-    }
-}
-
-/// How many statements each connection keeps prepared: more than the store has, so none is
-/// ever parsed twice.
-pub(super) const STATEMENT_CACHE: usize = 128;
 
 /// Decodes a JSON column, naming the row when it does not parse.
 fn from_json<T: serde::de::DeserializeOwned>(json: &str, row: impl FnOnce() -> String) -> Result<T, StateError> {

@@ -166,10 +166,9 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     // With `KILN_BENCH_METRICS=FILE`, the page before the load too (`FILE.before`): the load's
     // own state calls are the difference.
     if let (Some(c), Some(out)) = (&external, std::env::var_os("KILN_BENCH_METRICS")) {
-        let page = std::process::Command::new("curl").args(["-fsS", &format!("http://{}/metrics", c.http)]).output()?;
         let mut before = std::path::PathBuf::from(out).into_os_string();
         before.push(".before");
-        std::fs::write(before, &page.stdout)?;
+        std::fs::write(before, c.metrics_page()?)?;
     }
     let (_, cpu_before) = rss_and_cpu();
     let coordinator_before = external.as_ref().map_or(0.0, External::cpu_seconds);
@@ -220,8 +219,7 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     // `KILN_BENCH_METRICS=FILE`: the coordinator's `/metrics` after the load — its state calls'
     // durations by method say where a converge waited.
     if let (Some(c), Some(out)) = (&external, std::env::var_os("KILN_BENCH_METRICS")) {
-        let page = std::process::Command::new("curl").args(["-fsS", &format!("http://{}/metrics", c.http)]).output()?;
-        std::fs::write(&out, &page.stdout)?;
+        std::fs::write(&out, c.metrics_page()?)?;
     }
     let (rss, cpu_after) = rss_and_cpu();
     let coordinator_cpu = external.as_ref().map(|c| (c.cpu_seconds() - coordinator_before, c.cpu_seconds()));
@@ -356,6 +354,13 @@ impl External {
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
         Ok(External { child, url: format!("http://{addr}"), http })
+    }
+
+    /// The coordinator's `/metrics` page now.
+    fn metrics_page(&self) -> Result<Vec<u8>> {
+        let page =
+            std::process::Command::new("curl").args(["-fsS", &format!("http://{}/metrics", self.http)]).output()?;
+        Ok(page.stdout)
     }
 
     /// User + system CPU seconds of the coordinator so far.

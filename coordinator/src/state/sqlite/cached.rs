@@ -1,5 +1,4 @@
-//! Statements kept prepared per connection, by their text (rusqlite's statement cache), and a
-//! savepoint whose own statements are kept too.
+//! The SQLite state's statements, prepared once per connection, and a savepoint that uses them.
 
 use rusqlite::Connection;
 
@@ -73,14 +72,19 @@ pub(crate) const STATEMENT_CACHE: usize = 128;
 mod tests {
     use super::*;
 
+    fn table() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+        conn
+    }
+
     fn count(conn: &Connection) -> i64 {
         conn.one_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap()
     }
 
     #[test]
     fn a_nested_savepoint_keeps_its_writes_only_when_committed() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+        let conn = table();
         {
             let tx = conn.nested().unwrap();
             tx.exec("INSERT INTO t (v) VALUES (?1)", [1]).unwrap();
@@ -96,8 +100,7 @@ mod tests {
 
     #[test]
     fn one_nested_inside_another_rolls_back_alone() {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+        let conn = table();
         let outer = conn.nested().unwrap();
         outer.exec("INSERT INTO t (v) VALUES (?1)", [1]).unwrap();
         {

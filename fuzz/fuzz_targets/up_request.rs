@@ -20,6 +20,7 @@ const FIELDS: &[&str] = &[
     "dockerfile",
     "kind",
     "from",
+    "mirror_only",
 ];
 
 fuzz_target!(|data: &[u8]| {

@@ -296,7 +296,13 @@ impl Farm {
         if let Some((tx, task, runtime)) = self.coordinator.take() {
             let _ = tx.send(());
             let _ = task.await;
-            runtime.shutdown_background();
+            // Waits for the runtime's tasks and blocking reads to be dropped, and with them the
+            // state store: a wipe deletes its file next, and an SQLite connection closing after
+            // the new coordinator made the file anew would take the new file's WAL with it
+            // (SQLite deletes `<db>-wal` by name when its last connection closes).
+            tokio::task::spawn_blocking(move || runtime.shutdown_timeout(std::time::Duration::from_secs(30)))
+                .await
+                .unwrap();
         }
     }
 

@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension};
 
-use super::{from_json, to_json, Ctx};
+use super::{from_json, to_json, Cached, Ctx};
 use crate::model::{AgentId, AgentRole, AgentRow, ContextRow, Inventory};
 use crate::state::StateError;
 
@@ -11,7 +11,7 @@ pub(super) fn upsert_agent(conn: &mut Connection, agent: &AgentRow) -> Result<()
     let what = || format!("saving agent {}", agent.id);
     let stores = to_json(&agent.stores, what)?;
     let platforms = to_json(&agent.platforms, what)?;
-    conn.execute(
+    conn.exec(
         "INSERT INTO agents (id, role, stores, platforms, version, last_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
          ON CONFLICT (id) DO UPDATE SET role = excluded.role, stores = excluded.stores, \
          platforms = excluded.platforms, version = excluded.version, last_seen_ms = excluded.last_seen_ms",
@@ -23,8 +23,9 @@ pub(super) fn upsert_agent(conn: &mut Connection, agent: &AgentRow) -> Result<()
 
 pub(super) fn agents(conn: &mut Connection) -> Result<Vec<AgentRow>, StateError> {
     let what = || "listing agents".to_owned();
-    let mut stmt =
-        conn.prepare("SELECT id, role, stores, platforms, version, last_seen_ms FROM agents ORDER BY id").ctx(what)?;
+    let mut stmt = conn
+        .prepare_cached("SELECT id, role, stores, platforms, version, last_seen_ms FROM agents ORDER BY id")
+        .ctx(what)?;
     let rows = stmt
         .query_map([], |row| {
             Ok((
@@ -70,7 +71,7 @@ pub(super) fn missing_contexts(conn: &mut Connection, digests: &[String]) -> Res
 
 pub(super) fn put_context(conn: &mut Connection, context: &ContextRow) -> Result<(), StateError> {
     let what = || format!("indexing context {}", context.digest);
-    conn.execute(
+    conn.exec(
         "INSERT INTO contexts (digest, bytes, stored_at_ms) VALUES (?1, ?2, ?3) \
          ON CONFLICT (digest) DO UPDATE SET bytes = excluded.bytes, stored_at_ms = excluded.stored_at_ms",
         (&context.digest, context.bytes, context.stored_at_ms),
@@ -81,7 +82,7 @@ pub(super) fn put_context(conn: &mut Connection, context: &ContextRow) -> Result
 
 pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<ContextRow>, StateError> {
     let what = || format!("looking up context {digest}");
-    conn.query_row("SELECT digest, bytes, stored_at_ms FROM contexts WHERE digest = ?1", [digest], |row| {
+    conn.one_row("SELECT digest, bytes, stored_at_ms FROM contexts WHERE digest = ?1", [digest], |row| {
         Ok(ContextRow { digest: row.get(0)?, bytes: row.get(1)?, stored_at_ms: row.get(2)? })
     })
     .optional()
@@ -90,7 +91,7 @@ pub(super) fn context(conn: &mut Connection, digest: &str) -> Result<Option<Cont
 
 pub(super) fn contexts(conn: &mut Connection) -> Result<Vec<ContextRow>, StateError> {
     let what = || "listing contexts".to_owned();
-    let mut stmt = conn.prepare("SELECT digest, bytes, stored_at_ms FROM contexts ORDER BY digest").ctx(what)?;
+    let mut stmt = conn.prepare_cached("SELECT digest, bytes, stored_at_ms FROM contexts ORDER BY digest").ctx(what)?;
     let rows = stmt
         .query_map([], |row| Ok(ContextRow { digest: row.get(0)?, bytes: row.get(1)?, stored_at_ms: row.get(2)? }))
         .ctx(what)?
@@ -109,9 +110,9 @@ pub(super) fn delete_context_unless_claimed(
     now_ms: u64,
 ) -> Result<bool, StateError> {
     let what = || format!("collecting context {digest}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     let claimed: bool = tx
-        .query_row(
+        .one_row(
             "SELECT EXISTS (SELECT 1 FROM claims WHERE reference = ?1 AND expires_ms > ?2)",
             (claim, now_ms),
             |r| r.get(0),
@@ -120,15 +121,15 @@ pub(super) fn delete_context_unless_claimed(
     if claimed {
         return Ok(false);
     }
-    let deleted = tx.execute("DELETE FROM contexts WHERE digest = ?1", [digest]).ctx(what)?;
-    tx.execute("DELETE FROM context_entries WHERE digest = ?1", [digest]).ctx(what)?;
+    let deleted = tx.exec("DELETE FROM contexts WHERE digest = ?1", [digest]).ctx(what)?;
+    tx.exec("DELETE FROM context_entries WHERE digest = ?1", [digest]).ctx(what)?;
     tx.commit().ctx(what)?;
     Ok(deleted > 0)
 }
 
 pub(super) fn put_context_entries(conn: &mut Connection, digest: &str, stream: &[u8]) -> Result<(), StateError> {
     let what = || format!("keeping the entry list of context {digest}");
-    conn.execute(
+    conn.exec(
         "INSERT INTO context_entries (digest, stream) VALUES (?1, ?2) \
          ON CONFLICT (digest) DO UPDATE SET stream = excluded.stream",
         (digest, stream),
@@ -139,7 +140,7 @@ pub(super) fn put_context_entries(conn: &mut Connection, digest: &str, stream: &
 
 pub(super) fn context_entries(conn: &mut Connection, digest: &str) -> Result<Option<Vec<u8>>, StateError> {
     let what = || format!("reading the entry list of context {digest}");
-    conn.query_row("SELECT stream FROM context_entries WHERE digest = ?1", [digest], |row| row.get(0))
+    conn.one_row("SELECT stream FROM context_entries WHERE digest = ?1", [digest], |row| row.get(0))
         .optional()
         .ctx(what)
 }
@@ -151,7 +152,7 @@ pub(super) fn put_inventory(
     listed_ms: u64,
 ) -> Result<(), StateError> {
     let what = || format!("saving the inventory of store {store}");
-    conn.execute(
+    conn.exec(
         "INSERT INTO inventories (store, listing, listed_ms) VALUES (?1, ?2, ?3) \
          ON CONFLICT (store) DO UPDATE SET listing = excluded.listing, listed_ms = excluded.listed_ms",
         (store, listing, listed_ms),
@@ -162,7 +163,7 @@ pub(super) fn put_inventory(
 
 pub(super) fn inventory(conn: &mut Connection, store: &str) -> Result<Option<Inventory>, StateError> {
     let what = || format!("reading the inventory of store {store}");
-    conn.query_row("SELECT store, listing, listed_ms FROM inventories WHERE store = ?1", [store], |row| {
+    conn.one_row("SELECT store, listing, listed_ms FROM inventories WHERE store = ?1", [store], |row| {
         Ok(Inventory { store: row.get(0)?, listing_json: row.get(1)?, listed_at_ms: row.get(2)? })
     })
     .optional()

@@ -5,7 +5,7 @@
 use rusqlite::Connection;
 
 use super::converges::state_of;
-use super::Ctx;
+use super::{Cached, Ctx};
 use crate::model::{Claim, ConvergeId, ConvergeState};
 use crate::state::StateError;
 
@@ -16,11 +16,11 @@ pub(super) fn claim(
     expires_ms: u64,
 ) -> Result<(), StateError> {
     let what = || format!("claiming refs for converge {id}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     require_running(&tx, id)?;
     {
         let mut stmt = tx
-            .prepare(
+            .prepare_cached(
                 "INSERT INTO claims (converge_id, reference, expires_ms) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (converge_id, reference) DO UPDATE SET expires_ms = excluded.expires_ms",
             )
@@ -34,24 +34,24 @@ pub(super) fn claim(
 
 pub(super) fn renew(conn: &mut Connection, id: &ConvergeId, expires_ms: u64) -> Result<usize, StateError> {
     let what = || format!("renewing the claims of converge {id}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     require_running(&tx, id)?;
     let renewed =
-        tx.execute("UPDATE claims SET expires_ms = ?2 WHERE converge_id = ?1", (id.as_str(), expires_ms)).ctx(what)?;
+        tx.exec("UPDATE claims SET expires_ms = ?2 WHERE converge_id = ?1", (id.as_str(), expires_ms)).ctx(what)?;
     tx.commit().ctx(what)?;
     Ok(renewed)
 }
 
 pub(super) fn release(conn: &mut Connection, id: &ConvergeId) -> Result<(), StateError> {
     let what = || format!("releasing the claims of converge {id}");
-    conn.execute("DELETE FROM claims WHERE converge_id = ?1", [id.as_str()]).ctx(what)?;
+    conn.exec("DELETE FROM claims WHERE converge_id = ?1", [id.as_str()]).ctx(what)?;
     Ok(())
 }
 
 pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, StateError> {
     let what = || "listing live claims".to_owned();
-    let tx = conn.savepoint().ctx(what)?;
-    tx.execute("DELETE FROM claims WHERE expires_ms <= ?1", [now_ms]).ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
+    tx.exec("DELETE FROM claims WHERE expires_ms <= ?1", [now_ms]).ctx(what)?;
     let claims = all(&tx)?;
     tx.commit().ctx(what)?;
     Ok(claims)
@@ -60,7 +60,7 @@ pub(super) fn live(conn: &mut Connection, now_ms: u64) -> Result<Vec<Claim>, Sta
 fn all(conn: &Connection) -> Result<Vec<Claim>, StateError> {
     let what = || "listing live claims".to_owned();
     let mut stmt = conn
-        .prepare("SELECT converge_id, reference, expires_ms FROM claims ORDER BY reference, converge_id")
+        .prepare_cached("SELECT converge_id, reference, expires_ms FROM claims ORDER BY reference, converge_id")
         .ctx(what)?;
     let rows = stmt
         .query_map([], |row| {

@@ -6,7 +6,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row};
 
-use super::{from_json, to_json, Ctx};
+use super::{from_json, to_json, Cached, Ctx};
 use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
 use crate::state::StateError;
 
@@ -19,9 +19,9 @@ pub(super) fn open(
     requested_by: &str,
 ) -> Result<Converge, StateError> {
     let what = || format!("opening a converge of instance {instance}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     let running: Option<String> = tx
-        .query_row("SELECT id FROM converges WHERE instance = ?1 AND state = 'running'", [instance], |row| row.get(0))
+        .one_row("SELECT id FROM converges WHERE instance = ?1 AND state = 'running'", [instance], |row| row.get(0))
         .optional()
         .ctx(what)?;
     if let Some(running) = running {
@@ -35,7 +35,7 @@ pub(super) fn open(
         finished_ms: None,
         requested_by: requested_by.to_owned(),
     };
-    tx.execute(
+    tx.exec(
         "INSERT INTO converges (id, instance, state, started_ms, requested_by) VALUES (?1, ?2, 'running', ?3, ?4)",
         (converge.id.as_str(), instance, now_ms, requested_by),
     )
@@ -53,7 +53,7 @@ pub(super) fn append_event(
     message: String,
 ) -> Result<Event, StateError> {
     let what = || format!("appending an event to converge {id}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     if state_of(&tx, id)?.is_none() {
         return Err(StateError::UnknownConverge { id: id.clone() });
     }
@@ -70,7 +70,7 @@ pub(super) fn append_events(
     events: Vec<(EventKind, Option<String>, String)>,
 ) -> Result<Vec<Event>, StateError> {
     let what = || format!("appending events to converge {id}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     if state_of(&tx, id)?.is_none() {
         return Err(StateError::UnknownConverge { id: id.clone() });
     }
@@ -88,7 +88,9 @@ pub(super) fn events(conn: &mut Connection, id: &ConvergeId, after_seq: Option<u
         return Err(StateError::UnknownConverge { id: id.clone() });
     }
     let mut stmt = conn
-        .prepare("SELECT seq, at_ms, image, kind, message FROM events WHERE converge_id = ?1 AND seq > ?2 ORDER BY seq")
+        .prepare_cached(
+            "SELECT seq, at_ms, image, kind, message FROM events WHERE converge_id = ?1 AND seq > ?2 ORDER BY seq",
+        )
         .ctx(what)?;
     let rows = stmt
         .query_map((id.as_str(), after_seq.unwrap_or(0)), |row| {
@@ -113,7 +115,7 @@ pub(super) fn builder_of(conn: &mut Connection, reference: &str) -> Result<Optio
     let escaped: String =
         quoted.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
     let pattern = format!("%\"reference\":{escaped}%");
-    conn.query_row(
+    conn.one_row(
         "SELECT converge_id FROM events WHERE kind LIKE '{\"kind\":\"building\"%' AND kind LIKE ?1 ESCAPE '\\' \
          ORDER BY at_ms DESC LIMIT 1",
         [pattern],
@@ -136,13 +138,13 @@ pub(super) fn finish(
         ConvergeState::Succeeded => None,
         ConvergeState::Failed { reason } => Some(reason.as_str()),
     };
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     match state_of(&tx, id)? {
         None => return Err(StateError::UnknownConverge { id: id.clone() }),
         Some(ConvergeState::Running) => {}
         Some(finished) => return Err(StateError::ConvergeFinished { id: id.clone(), state: finished }),
     }
-    tx.execute(
+    tx.exec(
         "UPDATE converges SET state = ?2, reason = ?3, finished_ms = ?4 WHERE id = ?1",
         (id.as_str(), state.name(), reason, now_ms),
     )
@@ -153,7 +155,7 @@ pub(super) fn finish(
 pub(super) fn get(conn: &mut Connection, id: &ConvergeId) -> Result<Option<Converge>, StateError> {
     let what = || format!("reading converge {id}");
     let sql = format!("SELECT {COLUMNS} FROM converges WHERE id = ?1");
-    let raw = conn.query_row(&sql, [id.as_str()], raw_row).optional().ctx(what)?;
+    let raw = conn.one_row(&sql, [id.as_str()], raw_row).optional().ctx(what)?;
     raw.map(decode).transpose()
 }
 
@@ -163,21 +165,21 @@ pub(super) fn list(conn: &mut Connection, instance: Option<&str>, limit: usize) 
     let sql = format!(
         "SELECT {COLUMNS} FROM converges WHERE ?1 IS NULL OR instance = ?1 ORDER BY started_ms DESC, id DESC LIMIT ?2"
     );
-    let mut stmt = conn.prepare(&sql).ctx(what)?;
+    let mut stmt = conn.prepare_cached(&sql).ctx(what)?;
     let raws = stmt.query_map((instance, limit), raw_row).ctx(what)?.collect::<Result<Vec<_>, _>>().ctx(what)?;
     raws.into_iter().map(decode).collect()
 }
 
 pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -> Result<Vec<ConvergeId>, StateError> {
     let what = || "failing converges left running".to_owned();
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     let ids: Vec<ConvergeId> = {
-        let mut stmt = tx.prepare("SELECT id FROM converges WHERE state = 'running' ORDER BY id").ctx(what)?;
+        let mut stmt = tx.prepare_cached("SELECT id FROM converges WHERE state = 'running' ORDER BY id").ctx(what)?;
         let ids = stmt.query_map([], |row| row.get::<_, String>(0)).ctx(what)?;
         ids.map(|id| id.map(ConvergeId::from)).collect::<Result<_, _>>().ctx(what)?
     };
     for id in &ids {
-        tx.execute(
+        tx.exec(
             "UPDATE converges SET state = 'failed', reason = ?2, finished_ms = ?3 WHERE id = ?1",
             (id.as_str(), reason, now_ms),
         )
@@ -192,7 +194,7 @@ pub(super) fn fail_in_flight(conn: &mut Connection, now_ms: u64, reason: &str) -
 pub(super) fn state_of(conn: &Connection, id: &ConvergeId) -> Result<Option<ConvergeState>, StateError> {
     let what = || format!("reading the state of converge {id}");
     let raw: Option<(String, Option<String>)> = conn
-        .query_row("SELECT state, reason FROM converges WHERE id = ?1", [id.as_str()], |row| {
+        .one_row("SELECT state, reason FROM converges WHERE id = ?1", [id.as_str()], |row| {
             Ok((row.get(0)?, row.get(1)?))
         })
         .optional()
@@ -211,12 +213,10 @@ fn insert_event(
 ) -> Result<Event, StateError> {
     let what = || format!("appending an event to converge {id}");
     let seq: u64 = conn
-        .query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE converge_id = ?1", [id.as_str()], |row| {
-            row.get(0)
-        })
+        .one_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM events WHERE converge_id = ?1", [id.as_str()], |row| row.get(0))
         .ctx(what)?;
     let kind_json = to_json(&kind, what)?;
-    conn.execute(
+    conn.exec(
         "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         (id.as_str(), seq, now_ms, image.as_deref(), &kind_json, &message),
     )

@@ -12,6 +12,7 @@
 //! to that), so every acquisition succeeds with token 1 and nothing is ever fenced. The lease lives
 //! in memory only, for [`StateStore::current_leader`] to answer.
 
+mod cached;
 mod catalog;
 mod claims;
 mod converges;
@@ -21,6 +22,8 @@ mod readers;
 mod records;
 mod trust;
 mod writer;
+
+use cached::{Cached, STATEMENT_CACHE};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -116,6 +119,7 @@ impl SqliteStore {
         let open_err = |err: rusqlite::Error| StateError::Open { path: path.clone(), err: Box::new(err) };
         let mut conn = Connection::open(&path).map_err(open_err)?;
         conn.busy_timeout(BUSY_TIMEOUT).map_err(open_err)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         // Off by default in SQLite; without it a claim or event could name a converge that is not there.
         conn.pragma_update(None, "foreign_keys", true).map_err(open_err)?;
         let mode: String =

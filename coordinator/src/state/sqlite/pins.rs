@@ -3,7 +3,7 @@
 
 use rusqlite::Connection;
 
-use super::Ctx;
+use super::{Cached, Ctx};
 use crate::model::Pin;
 use crate::state::StateError;
 
@@ -11,7 +11,7 @@ use crate::state::StateError;
 pub(super) fn pin(conn: &mut Connection, now_ms: u64, reference: &str, by: &str) -> Result<bool, StateError> {
     let what = || format!("pinning {reference}");
     let inserted = conn
-        .execute(
+        .exec(
             "INSERT INTO pins (reference, pinned_at_ms, pinned_by) VALUES (?1, ?2, ?3) ON CONFLICT (reference) DO NOTHING",
             (reference, now_ms, by),
         )
@@ -22,13 +22,14 @@ pub(super) fn pin(conn: &mut Connection, now_ms: u64, reference: &str, by: &str)
 /// Deletes the pin; false when there was none.
 pub(super) fn unpin(conn: &mut Connection, reference: &str) -> Result<bool, StateError> {
     let what = || format!("unpinning {reference}");
-    let deleted = conn.execute("DELETE FROM pins WHERE reference = ?1", [reference]).ctx(what)?;
+    let deleted = conn.exec("DELETE FROM pins WHERE reference = ?1", [reference]).ctx(what)?;
     Ok(deleted == 1)
 }
 
 pub(super) fn all(conn: &mut Connection) -> Result<Vec<Pin>, StateError> {
     let what = || "listing pins".to_owned();
-    let mut stmt = conn.prepare("SELECT reference, pinned_at_ms, pinned_by FROM pins ORDER BY reference").ctx(what)?;
+    let mut stmt =
+        conn.prepare_cached("SELECT reference, pinned_at_ms, pinned_by FROM pins ORDER BY reference").ctx(what)?;
     let rows = stmt
         .query_map([], |row| Ok(Pin { reference: row.get(0)?, pinned_at_ms: row.get(1)?, pinned_by: row.get(2)? }))
         .ctx(what)?;

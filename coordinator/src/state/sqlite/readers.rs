@@ -19,6 +19,7 @@ use std::sync::{Mutex, PoisonError};
 use rusqlite::Connection;
 use tokio::sync::Semaphore;
 
+use super::Cached;
 use crate::state::StateError;
 
 /// Reads at once: more only queue on two cores' worth of SQLite; fewer would make a sweep's
@@ -70,6 +71,7 @@ impl Readers {
 fn open(path: &std::path::Path, busy_timeout: std::time::Duration) -> rusqlite::Result<Connection> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(busy_timeout)?;
+    conn.set_prepared_statement_cache_capacity(super::STATEMENT_CACHE);
     // A reader that tried to write would bypass the writer's group and its order: refused here.
     conn.pragma_update(None, "query_only", true)?;
     Ok(conn)
@@ -86,11 +88,11 @@ fn in_read<T>(
     what: &str,
     f: impl FnOnce(&mut Connection) -> Result<T, StateError>,
 ) -> Result<T, StateError> {
-    conn.execute_batch("BEGIN DEFERRED").map_err(|err| backend(what, err))?;
+    conn.exec("BEGIN DEFERRED", []).map_err(|err| backend(what, err))?;
     let result = match catch_unwind(AssertUnwindSafe(|| f(conn))) {
         Ok(result) => result,
         Err(_) => Err(StateError::Writer { what: format!("{what} (the read panicked)") }),
     };
-    conn.execute_batch("ROLLBACK").map_err(|err| backend(what, err))?;
+    conn.exec("ROLLBACK", []).map_err(|err| backend(what, err))?;
     result
 }

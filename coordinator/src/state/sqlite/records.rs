@@ -5,7 +5,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row};
 
-use super::{from_json, to_json, Ctx};
+use super::{from_json, to_json, Cached, Ctx};
 use crate::model::{Generation, Record, RecordedImage};
 use crate::state::StateError;
 
@@ -15,14 +15,14 @@ const COLUMNS: &str = "instance, generation, images, written_at_ms";
 pub(super) fn nth(conn: &mut Connection, instance: &str, n: u32) -> Result<Option<Record>, StateError> {
     let what = || format!("reading the record of instance {instance}");
     let sql = format!("SELECT {COLUMNS} FROM records WHERE instance = ?1 ORDER BY generation DESC LIMIT 1 OFFSET ?2");
-    let raw = conn.query_row(&sql, (instance, n), raw_row).optional().ctx(what)?;
+    let raw = conn.one_row(&sql, (instance, n), raw_row).optional().ctx(what)?;
     raw.map(decode).transpose()
 }
 
 pub(super) fn all(conn: &mut Connection) -> Result<Vec<(Record, Option<Record>)>, StateError> {
     let what = || "listing records".to_owned();
     let sql = format!("SELECT {COLUMNS} FROM records ORDER BY instance, generation DESC");
-    let mut stmt = conn.prepare(&sql).ctx(what)?;
+    let mut stmt = conn.prepare_cached(&sql).ctx(what)?;
     let raws = stmt.query_map([], raw_row).ctx(what)?.collect::<Result<Vec<_>, _>>().ctx(what)?;
     let mut out: Vec<(Record, Option<Record>)> = Vec::new();
     for raw in raws {
@@ -49,33 +49,33 @@ pub(super) fn write(
 ) -> Result<Generation, StateError> {
     let what = || format!("writing the record of instance {instance}");
     let images = to_json(&images, what)?;
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     let actual: Option<u64> = tx
-        .query_row("SELECT MAX(generation) FROM records WHERE instance = ?1", [instance], |row| row.get(0))
+        .one_row("SELECT MAX(generation) FROM records WHERE instance = ?1", [instance], |row| row.get(0))
         .ctx(what)?;
     let actual = actual.map(Generation);
     if actual != expected {
         return Err(StateError::RecordMoved { instance: instance.to_owned(), expected, actual });
     }
     let last: Option<u64> = tx
-        .query_row("SELECT last_generation FROM instance_generations WHERE instance = ?1", [instance], |row| row.get(0))
+        .one_row("SELECT last_generation FROM instance_generations WHERE instance = ?1", [instance], |row| row.get(0))
         .optional()
         .ctx(what)?;
     let generation = last.unwrap_or(0) + 1;
-    tx.execute(
+    tx.exec(
         "INSERT INTO instance_generations (instance, last_generation) VALUES (?1, ?2) \
          ON CONFLICT (instance) DO UPDATE SET last_generation = excluded.last_generation",
         (instance, generation),
     )
     .ctx(what)?;
-    tx.execute(
+    tx.exec(
         "INSERT INTO records (instance, generation, images, written_at_ms) VALUES (?1, ?2, ?3, ?4)",
         (instance, generation, &images, now_ms),
     )
     .ctx(what)?;
     // Keep the generation just replaced: node stores sweep with it as their grace.
     if let Some(Generation(replaced)) = actual {
-        tx.execute("DELETE FROM records WHERE instance = ?1 AND generation < ?2", (instance, replaced)).ctx(what)?;
+        tx.exec("DELETE FROM records WHERE instance = ?1 AND generation < ?2", (instance, replaced)).ctx(what)?;
     }
     tx.commit().ctx(what)?;
     Ok(Generation(generation))
@@ -83,7 +83,7 @@ pub(super) fn write(
 
 pub(super) fn delete(conn: &mut Connection, instance: &str) -> Result<bool, StateError> {
     let what = || format!("deleting the record of instance {instance}");
-    let deleted = conn.execute("DELETE FROM records WHERE instance = ?1", [instance]).ctx(what)?;
+    let deleted = conn.exec("DELETE FROM records WHERE instance = ?1", [instance]).ctx(what)?;
     Ok(deleted > 0)
 }
 

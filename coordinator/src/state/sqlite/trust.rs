@@ -3,14 +3,14 @@
 
 use rusqlite::{Connection, OptionalExtension};
 
-use super::Ctx;
+use super::{Cached, Ctx};
 use crate::model::{AgentRole, AuditRow, JoinRow, Owner, TokenRow};
 use crate::state::StateError;
 use crate::trust::Role;
 
 pub(super) fn put_token(conn: &mut Connection, t: &TokenRow) -> Result<(), StateError> {
     let what = || format!("saving token {}", t.id);
-    conn.execute(
+    conn.exec(
         "INSERT INTO tokens (id, hash, user_name, role, team, created_ms, expires_ms, revoked_ms) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         (&t.id, &t.hash, &t.user, t.role.name(), &t.team, t.created_ms, t.expires_ms, t.revoked_ms),
@@ -37,27 +37,27 @@ const TOKEN_COLUMNS: &str = "id, hash, user_name, role, team, created_ms, expire
 
 pub(super) fn token(conn: &mut Connection, id: &str) -> Result<Option<TokenRow>, StateError> {
     let what = || format!("reading token {id}");
-    conn.query_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), [id], token_row).optional().ctx(what)
+    conn.one_row(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?1"), [id], token_row).optional().ctx(what)
 }
 
 pub(super) fn tokens(conn: &mut Connection) -> Result<Vec<TokenRow>, StateError> {
     let what = || "listing tokens".to_owned();
-    let mut stmt = conn.prepare(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_ms, id")).ctx(what)?;
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_ms, id")).ctx(what)?;
     let rows = stmt.query_map([], token_row).ctx(what)?;
     rows.collect::<Result<Vec<_>, _>>().ctx(what)
 }
 
 pub(super) fn revoke_token(conn: &mut Connection, id: &str, now_ms: u64) -> Result<bool, StateError> {
     let what = || format!("revoking token {id}");
-    let n = conn
-        .execute("UPDATE tokens SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL", (id, now_ms))
-        .ctx(what)?;
+    let n =
+        conn.exec("UPDATE tokens SET revoked_ms = ?2 WHERE id = ?1 AND revoked_ms IS NULL", (id, now_ms)).ctx(what)?;
     Ok(n == 1)
 }
 
 pub(super) fn put_join(conn: &mut Connection, j: &JoinRow) -> Result<(), StateError> {
     let what = || format!("saving join token {}", j.id);
-    conn.execute(
+    conn.exec(
         "INSERT INTO join_tokens (id, hash, role, cluster, created_ms, expires_ms, used_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         (&j.id, &j.hash, j.role.name(), &j.cluster, j.created_ms, j.expires_ms, j.used_ms),
     )
@@ -69,9 +69,9 @@ pub(super) fn put_join(conn: &mut Connection, j: &JoinRow) -> Result<(), StateEr
 /// token at once cannot both enroll. Returns the row as it was when this call used it.
 pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<Option<JoinRow>, StateError> {
     let what = || format!("using join token {id}");
-    let tx = conn.savepoint().ctx(what)?;
+    let tx = conn.nested().ctx(what)?;
     let row = tx
-        .query_row(
+        .one_row(
             "SELECT id, hash, role, cluster, created_ms, expires_ms, used_ms FROM join_tokens WHERE id = ?1",
             [id],
             |row| {
@@ -91,7 +91,7 @@ pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<O
         .ctx(what)?;
     let Some(row) = row else { return Ok(None) };
     if row.used_ms.is_none() {
-        tx.execute("UPDATE join_tokens SET used_ms = ?2 WHERE id = ?1", (id, now_ms)).ctx(what)?;
+        tx.exec("UPDATE join_tokens SET used_ms = ?2 WHERE id = ?1", (id, now_ms)).ctx(what)?;
         tx.commit().ctx(what)?;
     }
     Ok(Some(row))
@@ -101,7 +101,7 @@ pub(super) fn use_join(conn: &mut Connection, id: &str, now_ms: u64) -> Result<O
 pub(super) fn revoke_agent(conn: &mut Connection, id: &str, now_ms: u64) -> Result<bool, StateError> {
     let what = || format!("revoking agent {id}");
     let n = conn
-        .execute(
+        .exec(
             "INSERT INTO revoked_agents (id, revoked_ms) VALUES (?1, ?2) \
              ON CONFLICT (id) DO UPDATE SET revoked_ms = excluded.revoked_ms WHERE revoked_ms < excluded.revoked_ms",
             (id, now_ms),
@@ -112,7 +112,7 @@ pub(super) fn revoke_agent(conn: &mut Connection, id: &str, now_ms: u64) -> Resu
 
 pub(super) fn revoked_agents(conn: &mut Connection) -> Result<Vec<(String, u64)>, StateError> {
     let what = || "listing revoked agents".to_owned();
-    let mut stmt = conn.prepare("SELECT id, revoked_ms FROM revoked_agents ORDER BY id").ctx(what)?;
+    let mut stmt = conn.prepare_cached("SELECT id, revoked_ms FROM revoked_agents ORDER BY id").ctx(what)?;
     let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?))).ctx(what)?;
     rows.collect::<Result<Vec<_>, _>>().ctx(what)
 }
@@ -120,14 +120,14 @@ pub(super) fn revoked_agents(conn: &mut Connection) -> Result<Vec<(String, u64)>
 /// The instance's owner, setting `claim` as it when it has none yet (in one transaction).
 pub(super) fn own(conn: &mut Connection, instance: &str, claim: &Owner) -> Result<Owner, StateError> {
     let what = || format!("reading the owner of instance {instance}");
-    let tx = conn.savepoint().ctx(what)?;
-    tx.execute(
+    let tx = conn.nested().ctx(what)?;
+    tx.exec(
         "INSERT INTO owners (instance, team, user_name) VALUES (?1, ?2, ?3) ON CONFLICT (instance) DO NOTHING",
         (instance, &claim.team, &claim.user),
     )
     .ctx(what)?;
     let owner = tx
-        .query_row("SELECT team, user_name FROM owners WHERE instance = ?1", [instance], |row| {
+        .one_row("SELECT team, user_name FROM owners WHERE instance = ?1", [instance], |row| {
             Ok(Owner { team: row.get(0)?, user: row.get(1)? })
         })
         .ctx(what)?;
@@ -137,7 +137,7 @@ pub(super) fn own(conn: &mut Connection, instance: &str, claim: &Owner) -> Resul
 
 pub(super) fn owner(conn: &mut Connection, instance: &str) -> Result<Option<Owner>, StateError> {
     let what = || format!("reading the owner of instance {instance}");
-    conn.query_row("SELECT team, user_name FROM owners WHERE instance = ?1", [instance], |row| {
+    conn.one_row("SELECT team, user_name FROM owners WHERE instance = ?1", [instance], |row| {
         Ok(Owner { team: row.get(0)?, user: row.get(1)? })
     })
     .optional()
@@ -146,7 +146,7 @@ pub(super) fn owner(conn: &mut Connection, instance: &str) -> Result<Option<Owne
 
 pub(super) fn append_audit(conn: &mut Connection, a: &AuditRow) -> Result<(), StateError> {
     let what = || format!("writing the audit log ({} {})", a.action, a.target);
-    conn.execute(
+    conn.exec(
         "INSERT INTO audit (at_ms, actor, action, target, address, outcome) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         (a.at_ms, &a.actor, &a.action, &a.target, &a.address, &a.outcome),
     )
@@ -157,7 +157,7 @@ pub(super) fn append_audit(conn: &mut Connection, a: &AuditRow) -> Result<(), St
 pub(super) fn audit(conn: &mut Connection, since_ms: u64, actor: Option<&str>) -> Result<Vec<AuditRow>, StateError> {
     let what = || "reading the audit log".to_owned();
     let mut stmt = conn
-        .prepare(
+        .prepare_cached(
             "SELECT at_ms, actor, action, target, address, outcome FROM audit \
              WHERE at_ms >= ?1 AND (?2 IS NULL OR actor = ?2) ORDER BY seq",
         )

@@ -19,6 +19,7 @@ use std::sync::{mpsc, Arc};
 
 use rusqlite::{Connection, ErrorCode};
 
+use super::Cached;
 use crate::state::{Clock, StateError};
 
 /// Why a group's transaction did not commit; every call of the group hears it.
@@ -115,12 +116,12 @@ fn work(mut conn: Connection, clock: Arc<dyn Clock>, queue: mpsc::Receiver<Job>,
     while let Ok(first) = queue.recv() {
         let group: Vec<Job> = std::iter::once(first).chain(queue.try_iter().take(most - 1)).collect();
         begun.fetch_add(1, Ordering::Relaxed);
-        let committed = match conn.execute_batch("BEGIN IMMEDIATE") {
+        let committed = match conn.exec("BEGIN IMMEDIATE", []) {
             Err(err) => Err(failure(&err, "could not begin a transaction")),
-            Ok(()) => {
+            Ok(_) => {
                 let now_ms = clock.now_ms();
                 let finishes: Vec<Finish> = group.into_iter().map(|job| job(Some((&mut conn, now_ms)))).collect();
-                let committed = conn.execute_batch("COMMIT").map_err(|err| {
+                let committed = conn.exec("COMMIT", []).map(|_| ()).map_err(|err| {
                     let _ = conn.execute_batch("ROLLBACK");
                     failure(&err, "the transaction failed to commit")
                 });
@@ -152,16 +153,15 @@ fn in_savepoint<T>(
     f: impl FnOnce(&mut Connection) -> Result<T, StateError>,
 ) -> Result<T, StateError> {
     let backend = |err: rusqlite::Error| StateError::Backend { what: what.to_owned(), err: Box::new(err) };
-    conn.execute_batch("SAVEPOINT kiln_call").map_err(backend)?;
+    conn.exec("SAVEPOINT kiln_call", []).map_err(backend)?;
     let result = match catch_unwind(AssertUnwindSafe(|| f(conn))) {
         Ok(result) => result,
         Err(_) => Err(StateError::Writer { what: format!("{what} (the call panicked)") }),
     };
-    let end = match &result {
-        Ok(_) => "RELEASE kiln_call",
-        Err(_) => "ROLLBACK TO kiln_call; RELEASE kiln_call",
-    };
-    conn.execute_batch(end).map_err(backend)?;
+    if result.is_err() {
+        conn.exec("ROLLBACK TO kiln_call", []).map_err(backend)?;
+    }
+    conn.exec("RELEASE kiln_call", []).map_err(backend)?;
     result
 }
 

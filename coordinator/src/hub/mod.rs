@@ -9,7 +9,7 @@ use crate::model::{AgentId, AgentRole, AgentRow};
 use crate::state::StateStore;
 use crate::task::{Progress, Task, TaskFailure, TaskOutcome};
 use kiln_proto::v1 as pb;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +31,9 @@ type Outbound = mpsc::Sender<Result<pb::CoordinatorMessage, Status>>;
 
 /// Who is connected.
 pub struct Hub {
-    agents: Mutex<HashMap<String, Arc<AgentConn>>>,
+    /// By id, so that listings come out in id order without a sort: every converge lists them
+    /// (placement), and a farm has a thousand.
+    agents: Mutex<BTreeMap<String, Arc<AgentConn>>>,
     changed: Notify,
     store: Arc<dyn StateStore>,
     heartbeat: Duration,
@@ -265,7 +267,7 @@ impl Hub {
     pub fn new(store: Arc<dyn StateStore>, lease: Duration, deadline: Duration, affinity_wait: Duration) -> Hub {
         let inventory = Arc::new(Inventory::default());
         Hub {
-            agents: Mutex::new(HashMap::new()),
+            agents: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
             store,
             heartbeat: (lease / 3).max(Duration::from_millis(100)),
@@ -279,15 +281,13 @@ impl Hub {
 
     /// Connected agents that take work, in id order: a draining one is left out.
     pub fn connected(&self) -> Vec<Arc<AgentConn>> {
-        self.present().into_iter().filter(|a| !a.is_draining()).collect()
+        self.agents.lock().unwrap().values().filter(|a| !a.is_draining()).cloned().collect()
     }
 
     /// Every agent whose stream is open, in id order, draining ones too: who is there, as
     /// `kiln agents` and the status page show it, where [`Hub::connected`] is who takes work.
     pub fn present(&self) -> Vec<Arc<AgentConn>> {
-        let mut all: Vec<_> = self.agents.lock().unwrap().values().cloned().collect();
-        all.sort_by(|a, b| a.id.cmp(&b.id));
-        all
+        self.agents.lock().unwrap().values().cloned().collect()
     }
 
     /// Waits until some agent (dis)connects, or `timeout` passes.

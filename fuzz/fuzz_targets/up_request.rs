@@ -39,8 +39,18 @@ fuzz_target!(|data: &[u8]| {
             assert!(!plan.target.identity().is_empty());
             for (image, sent) in plan.images.iter().zip(&request.images) {
                 assert!(!image.name.is_empty());
-                assert_eq!(image.reference, sent.reference);
-                kiln_core::refs::ImageRef::parse(&image.reference).expect("a planned reference parses");
+                let planned = kiln_core::refs::ImageRef::parse(&image.reference).expect("a planned reference parses");
+                match &image.mirrored_from {
+                    // A pin re-homed into the target's mirror: the upstream is kept, the digest
+                    // never moves.
+                    Some(upstream) => {
+                        assert!(matches!(image.kind, PlanKind::Pinned));
+                        assert_eq!(upstream, &sent.reference);
+                        let upstream = kiln_core::refs::ImageRef::parse(upstream).expect("the upstream parses");
+                        assert_eq!(planned.digest(), upstream.digest());
+                    }
+                    None => assert_eq!(image.reference, sent.reference),
+                }
                 if let PlanKind::Built(inputs) = &image.kind {
                     let sent_digest = sent.context_digest.strip_prefix("blake3:").unwrap_or(&sent.context_digest);
                     assert_eq!(inputs.context.to_string(), sent_digest.to_lowercase());

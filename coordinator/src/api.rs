@@ -143,12 +143,8 @@ fn spawn_job<F, Fut>(
             _ => "ok".to_string(),
         };
         counted(&engine.metrics, &audited, &state, started_at.elapsed());
-        // Marked finished before `Finished` is sent: a client that saw it may start the next
-        // converge of the instance at once, and must not be told one still runs.
-        if let Err(err) = engine.store.finish_converge(&id, state).await {
-            tracing::warn!(converge = %id, error = %err, "converge not marked finished");
-        }
-        events.emit(finished.0, None, finished.1);
+        // Marked finished in the write that stores `Finished`, before it is sent (`Events::finish`).
+        events.finish(state, finished.0, finished.1);
         drop(events);
         let _ = writer.await;
         audit(

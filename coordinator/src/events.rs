@@ -4,7 +4,7 @@
 //! Emitting is synchronous and cheap — a queue feeds one writer task — so the engine can report from
 //! inside a task's progress callback without reordering anything.
 
-use crate::model::{ConvergeId, Event, EventKind, Input, Reason};
+use crate::model::{ConvergeId, ConvergeState, Event, EventKind, Input, Reason};
 use crate::state::StateStore;
 use kiln_proto::v1 as pb;
 use std::sync::Arc;
@@ -16,8 +16,18 @@ pub type Live = mpsc::Sender<Result<pb::ConvergeEvent, Status>>;
 
 #[derive(Debug)]
 enum Item {
-    Event { kind: EventKind, image: Option<String>, message: String },
+    Event {
+        kind: EventKind,
+        image: Option<String>,
+        message: String,
+    },
     Live(pb::ConvergeEvent),
+    /// The last event, stored in the write that marks the converge finished.
+    Finish {
+        state: ConvergeState,
+        kind: EventKind,
+        message: String,
+    },
 }
 
 /// The most events persisted in one write.
@@ -60,13 +70,22 @@ impl Events {
                 };
                 let mut batch: Vec<(EventKind, Option<String>, String)> = Vec::new();
                 let mut live_item = None;
+                let mut finish = None;
                 match first {
                     Item::Event { kind, image, message } => batch.push((kind, image, message)),
                     Item::Live(event) => live_item = Some(event),
+                    Item::Finish { state, kind, message } => {
+                        batch.push((kind, None, message));
+                        finish = Some(state);
+                    }
                 }
-                while live_item.is_none() && batch.len() < BATCH {
+                while live_item.is_none() && finish.is_none() && batch.len() < BATCH {
                     match rx.try_recv() {
                         Ok(Item::Event { kind, image, message }) => batch.push((kind, image, message)),
+                        Ok(Item::Finish { state, kind, message }) => {
+                            batch.push((kind, None, message));
+                            finish = Some(state);
+                        }
                         Ok(live) => {
                             next = Some(live);
                             break;
@@ -76,7 +95,7 @@ impl Events {
                 }
                 let events: Vec<pb::ConvergeEvent> = match (&store, batch.is_empty()) {
                     (_, true) => Vec::new(),
-                    (Some(store), false) => match store.append_events(&writer_id, batch).await {
+                    (Some(store), false) => match persist(store.as_ref(), &writer_id, batch, finish).await {
                         Ok(events) => events.iter().map(|e| to_pb(&writer_id, e)).collect(),
                         Err(err) => {
                             tracing::warn!(converge = %writer_id, error = %err, "events not persisted");
@@ -99,6 +118,13 @@ impl Events {
             }
         });
         (Events { id, tx }, writer)
+    }
+
+    /// The converge's last event (`Finished`), persisted in the write that marks it `state`:
+    /// both are stored before it is sent, so a client that saw it may start the instance's next
+    /// converge at once and is never told one still runs.
+    pub fn finish(&self, state: ConvergeState, kind: EventKind, message: impl Into<String>) {
+        let _ = self.tx.send(Item::Finish { state, kind, message: message.into() });
     }
 
     pub fn emit(&self, kind: EventKind, image: Option<&str>, message: impl Into<String>) {
@@ -137,6 +163,23 @@ impl Events {
         };
         let _ = self.tx.send(Item::Live(event));
     }
+}
+
+/// Stores a batch of events; the last batch also marks the converge finished, in the same write.
+async fn persist(
+    store: &dyn StateStore,
+    id: &ConvergeId,
+    batch: Vec<(EventKind, Option<String>, String)>,
+    finish: Option<ConvergeState>,
+) -> Result<Vec<Event>, crate::state::StateError> {
+    let Some(state) = finish else {
+        return store.append_events(id, batch).await;
+    };
+    let (events, not_marked) = store.finish_with_events(id, state, batch).await?;
+    if let Some(err) = not_marked {
+        tracing::warn!(converge = %id, error = %err, "converge not marked finished");
+    }
+    Ok(events)
 }
 
 /// A persisted event as the wire carries it.

@@ -165,6 +165,7 @@ suite!(
     claims_expire_by_lease_renew_extends_them_and_release_removes_them,
     only_a_running_converge_may_claim,
     a_converge_finishes_once_and_never_as_running,
+    the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them,
     events_come_back_in_seq_order_and_after_seq_resumes,
     an_event_kind_written_by_a_newer_kiln_still_replays,
     sixteen_concurrent_appends_get_distinct_gap_free_seqs,
@@ -490,6 +491,38 @@ async fn a_converge_finishes_once_and_never_as_running(backend: Backend) {
     assert!(matches!(again, StateError::ConvergeFinished { state: ConvergeState::Failed { .. }, .. }), "{again:?}");
     let state = store.converge(&converge.id).await.unwrap().unwrap().state;
     assert_eq!(state, ConvergeState::Failed { reason: "push refused".into() });
+}
+
+async fn the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    let converge = store.open_converge("shop", "ana").await.unwrap();
+    store.append_event(&converge.id, EventKind::Started, None, "").await.unwrap();
+    let last = vec![
+        (EventKind::Failed, Some("api".to_owned()), "build failed at step 3".to_owned()),
+        (EventKind::Finished { succeeded: false, generation: 0 }, None, "build failed at step 3".to_owned()),
+    ];
+    let failed = ConvergeState::Failed { reason: "build failed at step 3".into() };
+    let (appended, not_marked) = store.finish_with_events(&converge.id, failed.clone(), last).await.unwrap();
+    assert!(not_marked.is_none(), "{not_marked:?}");
+    assert_eq!(appended.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(store.converge(&converge.id).await.unwrap().unwrap().state, failed);
+    let kinds: Vec<EventKind> = store.events(&converge.id, None).await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds[0], EventKind::Started);
+    assert!(matches!(kinds[2], EventKind::Finished { succeeded: false, .. }), "{kinds:?}");
+
+    // Finished already (as a takeover fails a converge): the state stands, the events still land.
+    let late = vec![(EventKind::Note, None, "late".to_owned())];
+    let (appended, not_marked) =
+        store.finish_with_events(&converge.id, ConvergeState::Succeeded, late.clone()).await.unwrap();
+    assert!(matches!(not_marked, Some(StateError::ConvergeFinished { .. })), "{not_marked:?}");
+    assert_eq!(appended.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4]);
+    assert_eq!(store.converge(&converge.id).await.unwrap().unwrap().state, failed);
+    let (_, as_running) = store.finish_with_events(&converge.id, ConvergeState::Running, vec![]).await.unwrap();
+    assert!(matches!(as_running, Some(StateError::FinishAsRunning { .. })), "{as_running:?}");
+
+    let unknown = ConvergeId::from("nosuchconverge0");
+    let err = store.finish_with_events(&unknown, ConvergeState::Succeeded, late).await.unwrap_err();
+    assert!(matches!(err, StateError::UnknownConverge { .. }), "{err:?}");
 }
 
 async fn events_come_back_in_seq_order_and_after_seq_resumes(backend: Backend) {
@@ -936,6 +969,9 @@ mod postgres_only {
             a.renew_claims(&shop.id, T0 + 60_000).await.map(drop),
             a.release_claims(&shop.id).await,
             a.finish_converge(&shop.id, ConvergeState::Succeeded).await,
+            a.finish_with_events(&shop.id, ConvergeState::Succeeded, vec![(EventKind::Note, None, "late".into())])
+                .await
+                .map(drop),
             a.fail_in_flight("restarted").await.map(drop),
             a.delete_record("shop").await.map(drop),
             a.pin("tool:1", "ana").await.map(drop),

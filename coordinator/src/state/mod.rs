@@ -106,6 +106,20 @@ pub trait StateStore: Send + Sync + 'static {
     /// Marks a running converge succeeded or failed. Claims are left alone: release them explicitly,
     /// or let them expire.
     async fn finish_converge(&self, converge: &ConvergeId, state: ConvergeState) -> Result<(), StateError>;
+    /// Appends a converge's last events and marks it finished, as one write: its client hears
+    /// `Finished` only once both are stored, and on a busy farm every write is a commit to wait
+    /// for. The events are appended even when the converge cannot be marked (already finished, by
+    /// a takeover that failed it): the second value says why it was not. The default makes the two
+    /// writes.
+    async fn finish_with_events(
+        &self,
+        converge: &ConvergeId,
+        state: ConvergeState,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<(Vec<Event>, Option<StateError>), StateError> {
+        let finished = self.finish_converge(converge, state).await.err();
+        Ok((self.append_events(converge, events).await?, finished))
+    }
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError>;
     /// Newest first, at most `limit`, of one instance or of all.
     async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StateError>;

@@ -64,6 +64,11 @@ timed! {
     append_events(converge: &ConvergeId, events: Vec<(EventKind, Option<String>, String)>) -> Vec<Event>;
     events(converge: &ConvergeId, after_seq: Option<u64>) -> Vec<Event>;
     finish_converge(converge: &ConvergeId, state: ConvergeState) -> ();
+    finish_with_events(
+        converge: &ConvergeId,
+        state: ConvergeState,
+        events: Vec<(EventKind, Option<String>, String)>
+    ) -> (Vec<Event>, Option<StateError>);
     converge(converge: &ConvergeId) -> Option<Converge>;
     converges(instance: Option<&str>, limit: usize) -> Vec<Converge>;
     builder_of(reference: &str) -> Option<ConvergeId>;

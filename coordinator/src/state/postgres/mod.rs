@@ -405,6 +405,30 @@ impl StateStore for PostgresStore {
         fenced!(self, &what, |tx| converges::finish(tx, self.now_ms(), converge, &state, &what))
     }
 
+    async fn finish_with_events(
+        &self,
+        converge: &ConvergeId,
+        state: ConvergeState,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<(Vec<Event>, Option<StateError>), StateError> {
+        let what = format!("finishing converge {converge} with {} events", events.len());
+        if state == ConvergeState::Running {
+            let appended = self.append_events(converge, events).await?;
+            return Ok((appended, Some(StateError::FinishAsRunning { id: converge.clone() })));
+        }
+        let now = self.now_ms();
+        fenced!(self, &what, |tx| async {
+            // A refusal to mark is a row read, not a failed statement: the transaction goes on.
+            let finished = converges::finish(tx, now, converge, &state, &what).await;
+            let finished = match finished {
+                Err(err @ (StateError::UnknownConverge { .. } | StateError::ConvergeFinished { .. })) => Some(err),
+                Err(err) => return Err(err),
+                Ok(()) => None,
+            };
+            Ok((converges::append_events(tx, now, converge, events, &what).await?, finished))
+        })
+    }
+
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
         let what = format!("reading converge {converge}");
         converges::get(&self.client(&what).await?, converge, &what).await

@@ -304,6 +304,22 @@ impl StateStore for SqliteStore {
         self.run(format!("finishing converge {id}"), move |c, now| converges::finish(c, now, &id, state)).await
     }
 
+    async fn finish_with_events(
+        &self,
+        converge: &ConvergeId,
+        state: ConvergeState,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<(Vec<Event>, Option<StateError>), StateError> {
+        let id = converge.clone();
+        let what = format!("finishing converge {id} with {} events", events.len());
+        self.run(what, move |c, now| {
+            // `finish` is a savepoint of its own: a refusal to mark undoes nothing of the events.
+            let finished = converges::finish(c, now, &id, state).err();
+            Ok((converges::append_events(c, now, &id, events)?, finished))
+        })
+        .await
+    }
+
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
         let id = converge.clone();
         self.read(format!("reading converge {id}"), move |c| converges::get(c, &id)).await

@@ -105,28 +105,37 @@ pub const GC_INSTANCE: &str = "(gc)";
 /// current (0 otherwise); or why it failed.
 type JobResult = Result<(String, u64), Failure>;
 
-/// Runs `job` as the converge `id`: its events persisted and streamed to `live`, `Started` first
-/// (its message naming the job — `gc`, `down` — or empty for an up) and `Finished` last, the
-/// converge marked succeeded or failed. The job runs to its end even if the client goes away.
-fn spawn_job<F, Fut>(
-    engine: Arc<Engine>,
+/// Opens a converge of `instance` for a job, with its `Started` event (`started` names the job —
+/// `gc`, `down` — or is empty for an up) in the same write.
+async fn open_job(engine: &Engine, instance: &str, requested_by: &str, started: String) -> Result<Opened, Status> {
+    let first = (EventKind::Started, None, started);
+    let (converge, started) =
+        engine.store.open_converge_with(instance, requested_by, first).await.map_err(store_status)?;
+    Ok(Opened { id: converge.id, started })
+}
+
+/// A converge just opened, and its `Started` event, stored with it.
+struct Opened {
     id: ConvergeId,
-    live: crate::events::Live,
-    started: String,
-    audited: Audited,
-    job: F,
-) where
+    started: crate::model::Event,
+}
+
+/// Runs `job` as the converge `opened`: its events persisted and streamed to `live`, `Started`
+/// first and `Finished` last, the converge marked succeeded or failed. The job runs to its end
+/// even if the client goes away.
+fn spawn_job<F, Fut>(engine: Arc<Engine>, opened: Opened, live: crate::events::Live, audited: Audited, job: F)
+where
     F: FnOnce(Arc<Engine>, ConvergeId, Events) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = JobResult> + Send + 'static,
 {
     // Started in the call's span, so the converge joins the caller's trace; it outlives the call.
     let action = audited.action;
-    let span =
-        tracing::info_span!("converge", otel.name = %format!("converge {action}"), converge = %id, kind = action);
+    let span = tracing::info_span!("converge", otel.name = %format!("converge {action}"), converge = %opened.id, kind = action);
     let job = async move {
         let started_at = std::time::Instant::now();
+        let Opened { id, started } = opened;
+        let _ = live.send(Ok(crate::events::to_pb(&id, &started))).await;
         let (events, writer) = Events::start(engine.store.clone(), id.clone(), live);
-        events.emit(EventKind::Started, None, started);
         let result = job(engine.clone(), id.clone(), events.clone()).await;
         let (state, finished) = match result {
             Ok((message, generation)) => {
@@ -315,20 +324,19 @@ impl pb::kiln_server::Kiln for KilnService {
         if plan.dry_run {
             return Ok(Response::new(dry_run(self.engine.clone(), plan)));
         }
-        let converge =
-            self.engine.store.open_converge(&plan.instance, &plan.requested_by).await.map_err(store_status)?;
-        let (live, rx) = mpsc::channel(256);
-        // The client's end of the stream: gone (Ctrl-C, a vanished CLI) cancels the converge.
-        let client = live.clone();
-        let owner = crate::engine::owner(&plan);
         // `kiln mirror` is a job of its own (its Started names it, as gc's and down's do): it
         // copies, and publishes, sweeps and records nothing.
         let (action, started) = match plan.mirror_only {
             true => ("mirror", format!("mirror {}", plan.instance)),
             false => ("up", String::new()),
         };
+        let opened = open_job(&self.engine, &plan.instance, &plan.requested_by, started).await?;
+        let (live, rx) = mpsc::channel(256);
+        // The client's end of the stream: gone (Ctrl-C, a vanished CLI) cancels the converge.
+        let client = live.clone();
+        let owner = crate::engine::owner(&plan);
         let audited = Audited { actor: principal.actor(), action, target: plan.instance.clone(), address, owner };
-        spawn_job(self.engine.clone(), converge.id, live, started, audited, move |engine, id, events| async move {
+        spawn_job(self.engine.clone(), opened, live, audited, move |engine, id, events| async move {
             let mut result = cancellable(&engine, &id, &plan, &events, client).await;
             if plan.mirror_only {
                 let pinned = plan.images.iter().filter(|i| i.mirrored_from.is_some()).count();
@@ -387,12 +395,11 @@ impl pb::kiln_server::Kiln for KilnService {
         }
         let requested_by = requester(&principal, &req.requested_by);
         // A converge of the instance: refused while one runs, so down never races an up of it.
-        let converge = self.engine.store.open_converge(&req.instance, &requested_by).await.map_err(store_status)?;
+        let opened = open_job(&self.engine, &req.instance, &requested_by, format!("down {}", req.instance)).await?;
         let (live, rx) = mpsc::channel(256);
-        let job = format!("down {}", req.instance);
         let (target, owner) = (req.instance.clone(), requested_by.clone());
         let audited = Audited { actor: principal.actor(), action: "down", target, address, owner };
-        spawn_job(self.engine.clone(), converge.id, live, job, audited, move |engine, id, events| async move {
+        spawn_job(self.engine.clone(), opened, live, audited, move |engine, id, events| async move {
             let instance = req.instance;
             match engine.store.delete_record(&instance).await {
                 Ok(true) => events.emit(EventKind::RecordDeleted { instance: instance.clone() }, None, ""),
@@ -415,8 +422,6 @@ impl pb::kiln_server::Kiln for KilnService {
         let (principal, address) = (Principal::of(&request), Peer::of(&request));
         let req = request.into_inner();
         let requested_by = requester(&principal, &req.requested_by);
-        let converge = self.engine.store.open_converge(GC_INSTANCE, &requested_by).await.map_err(store_status)?;
-        let (live, rx) = mpsc::channel(256);
         let mut job = "gc".to_string();
         if req.dry_run {
             job.push_str(" --dry-run");
@@ -424,9 +429,11 @@ impl pb::kiln_server::Kiln for KilnService {
         if !req.instance.is_empty() {
             job.push_str(&format!(" --instance {}", req.instance));
         }
+        let opened = open_job(&self.engine, GC_INSTANCE, &requested_by, job.clone()).await?;
+        let (live, rx) = mpsc::channel(256);
         let owner = requested_by.clone();
-        let audited = Audited { actor: principal.actor(), action: "gc", target: job.clone(), address, owner };
-        spawn_job(self.engine.clone(), converge.id, live, job, audited, move |engine, id, events| async move {
+        let audited = Audited { actor: principal.actor(), action: "gc", target: job, address, owner };
+        spawn_job(self.engine.clone(), opened, live, audited, move |engine, id, events| async move {
             let options = SweepOptions {
                 dry_run: req.dry_run,
                 only_instance: Some(req.instance).filter(|i| !i.is_empty()),

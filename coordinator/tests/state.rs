@@ -166,6 +166,7 @@ suite!(
     only_a_running_converge_may_claim,
     a_converge_finishes_once_and_never_as_running,
     the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them,
+    a_converge_opens_with_its_first_event_or_not_at_all,
     events_come_back_in_seq_order_and_after_seq_resumes,
     an_event_kind_written_by_a_newer_kiln_still_replays,
     sixteen_concurrent_appends_get_distinct_gap_free_seqs,
@@ -491,6 +492,24 @@ async fn a_converge_finishes_once_and_never_as_running(backend: Backend) {
     assert!(matches!(again, StateError::ConvergeFinished { state: ConvergeState::Failed { .. }, .. }), "{again:?}");
     let state = store.converge(&converge.id).await.unwrap().unwrap().state;
     assert_eq!(state, ConvergeState::Failed { reason: "push refused".into() });
+}
+
+async fn a_converge_opens_with_its_first_event_or_not_at_all(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    let started = (EventKind::Started, None, "gc --dry-run".to_owned());
+    let (converge, first) = store.open_converge_with("shop", "ana", started.clone()).await.unwrap();
+    assert_eq!((converge.state.clone(), converge.requested_by.as_str()), (ConvergeState::Running, "ana"));
+    assert_eq!((first.seq, first.kind.clone(), first.message.as_str()), (1, EventKind::Started, "gc --dry-run"));
+    assert_eq!(store.events(&converge.id, None).await.unwrap(), vec![first]);
+    store.append_event(&converge.id, EventKind::Note, None, "next").await.unwrap();
+    assert_eq!(store.events(&converge.id, Some(1)).await.unwrap()[0].seq, 2);
+
+    // Refused while the instance runs one: no converge opened, no event written anywhere.
+    let err = store.open_converge_with("shop", "ben", started).await.unwrap_err();
+    assert!(matches!(err, StateError::ConvergeRunning { ref running, .. } if *running == converge.id), "{err:?}");
+    let converges = store.converges(Some("shop"), 10).await.unwrap();
+    assert_eq!(converges.iter().map(|c| c.id.clone()).collect::<Vec<_>>(), vec![converge.id.clone()]);
+    assert_eq!(store.events(&converge.id, None).await.unwrap().len(), 2);
 }
 
 async fn the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them(backend: Backend) {
@@ -964,6 +983,7 @@ mod postgres_only {
         };
         let refused = [
             a.open_converge("blog", "ana").await.map(drop),
+            a.open_converge_with("blog", "ana", (EventKind::Started, None, String::new())).await.map(drop),
             a.append_event(&shop.id, EventKind::Note, None, "late").await.map(drop),
             a.claim(&shop.id, &refs(&["shop-api:2-amd64"]), T0 + 60_000).await,
             a.renew_claims(&shop.id, T0 + 60_000).await.map(drop),

@@ -80,6 +80,19 @@ pub trait StateStore: Send + Sync + 'static {
     // --- converges and their events
     /// Opens a running converge, or fails with [`StateError::ConvergeRunning`] if the instance has one.
     async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StateError>;
+    /// Opens a converge with its first event (`Started`), as one write: its client waits for one
+    /// commit, not two, before it hears the converge began. The default makes the two writes.
+    async fn open_converge_with(
+        &self,
+        instance: &str,
+        requested_by: &str,
+        first: (EventKind, Option<String>, String),
+    ) -> Result<(Converge, Event), StateError> {
+        let converge = self.open_converge(instance, requested_by).await?;
+        let (kind, image, message) = first;
+        let event = self.append_event(&converge.id, kind, image.as_deref(), &message).await?;
+        Ok((converge, event))
+    }
     /// Appends an event with the next seq of this converge (gap-free from 1).
     async fn append_event(
         &self,

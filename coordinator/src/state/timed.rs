@@ -60,6 +60,7 @@ timed! {
     write_record(instance: &str, expected: Option<Generation>, images: Vec<RecordedImage>) -> Generation;
     delete_record(instance: &str) -> bool;
     open_converge(instance: &str, requested_by: &str) -> Converge;
+    open_converge_with(instance: &str, requested_by: &str, first: (EventKind, Option<String>, String)) -> (Converge, Event);
     append_event(converge: &ConvergeId, kind: EventKind, image: Option<&str>, message: &str) -> Event;
     append_events(converge: &ConvergeId, events: Vec<(EventKind, Option<String>, String)>) -> Vec<Event>;
     events(converge: &ConvergeId, after_seq: Option<u64>) -> Vec<Event>;

@@ -372,6 +372,21 @@ impl StateStore for PostgresStore {
         fenced!(self, &what, |tx| converges::open(tx, self.now_ms(), instance, requested_by, &what))
     }
 
+    async fn open_converge_with(
+        &self,
+        instance: &str,
+        requested_by: &str,
+        first: (EventKind, Option<String>, String),
+    ) -> Result<(Converge, Event), StateError> {
+        let what = format!("opening a converge of instance {instance}");
+        let now = self.now_ms();
+        fenced!(self, &what, |tx| async {
+            let converge = converges::open(tx, now, instance, requested_by, &what).await?;
+            let mut events = converges::append_events(tx, now, &converge.id, vec![first], &what).await?;
+            Ok((converge, events.remove(0)))
+        })
+    }
+
     async fn append_event(
         &self,
         converge: &ConvergeId,

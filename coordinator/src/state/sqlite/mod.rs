@@ -268,6 +268,21 @@ impl StateStore for SqliteStore {
         .await
     }
 
+    async fn open_converge_with(
+        &self,
+        instance: &str,
+        requested_by: &str,
+        first: (EventKind, Option<String>, String),
+    ) -> Result<(Converge, Event), StateError> {
+        let (instance, requested_by) = (instance.to_owned(), requested_by.to_owned());
+        self.run(format!("opening a converge of instance {instance}"), move |c, now| {
+            let converge = converges::open(c, now, &instance, &requested_by)?;
+            let mut events = converges::append_events(c, now, &converge.id, vec![first])?;
+            Ok((converge, events.remove(0)))
+        })
+        .await
+    }
+
     async fn append_event(
         &self,
         converge: &ConvergeId,

@@ -175,7 +175,17 @@ async fn persist(
     let Some(state) = finish else {
         return store.append_events(id, batch).await;
     };
-    let (events, not_marked) = store.finish_with_events(id, state, batch).await?;
+    let (events, not_marked) = match store.finish_with_events(id, state.clone(), batch).await {
+        Ok(done) => done,
+        Err(err) => {
+            // Never left running because its last events could not be stored: a running converge
+            // holds its instance until a restart fails it.
+            if let Err(marked) = store.finish_converge(id, state).await {
+                tracing::warn!(converge = %id, error = %marked, "converge not marked finished");
+            }
+            return Err(err);
+        }
+    };
     if let Some(err) = not_marked {
         tracing::warn!(converge = %id, error = %err, "converge not marked finished");
     }

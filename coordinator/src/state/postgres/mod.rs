@@ -427,16 +427,17 @@ impl StateStore for PostgresStore {
         events: Vec<(EventKind, Option<String>, String)>,
     ) -> Result<(Vec<Event>, Option<StateError>), StateError> {
         let what = format!("finishing converge {converge} with {} events", events.len());
-        if state == ConvergeState::Running {
-            let appended = self.append_events(converge, events).await?;
-            return Ok((appended, Some(StateError::FinishAsRunning { id: converge.clone() })));
-        }
         let now = self.now_ms();
         fenced!(self, &what, |tx| async {
-            // A refusal to mark is a row read, not a failed statement: the transaction goes on.
+            // A refusal to mark is decided before any statement or by a row read, never by a
+            // failed statement: the transaction goes on.
             let finished = converges::finish(tx, now, converge, &state, &what).await;
             let finished = match finished {
-                Err(err @ (StateError::UnknownConverge { .. } | StateError::ConvergeFinished { .. })) => Some(err),
+                Err(
+                    err @ (StateError::FinishAsRunning { .. }
+                    | StateError::UnknownConverge { .. }
+                    | StateError::ConvergeFinished { .. }),
+                ) => Some(err),
                 Err(err) => return Err(err),
                 Ok(()) => None,
             };

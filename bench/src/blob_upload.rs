@@ -39,6 +39,10 @@ pub struct Args {
     /// Measured runs per contestant (the median is reported).
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Time only the first per-file upload, no baselines or pieces (to profile it alone, e.g.
+    /// under perf).
+    #[arg(long)]
+    first_only: bool,
 }
 
 const GOAL_GB_S: f64 = 1.5;
@@ -122,8 +126,19 @@ pub fn run(args: &Args) -> Result<()> {
             Ok(took)
         }),
     ];
+    if args.first_only {
+        contestants.truncate(1);
+    }
     util::rounds(&mut contestants, args.runs, 1, || Ok(()))?;
     let hwm_end = vm_hwm_kib()?;
+    if args.first_only {
+        let rate = gb_per_s(blob_bytes, contestants[0].median());
+        println!(
+            "first per-file upload: {} median = {rate:.2} GB/s of blobs (goal ≥ {GOAL_GB_S:.2})",
+            util::fmt(contestants[0].median())
+        );
+        return Ok(());
+    }
 
     println!("## Per-file uploads\n");
     println!(

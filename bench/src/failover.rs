@@ -125,7 +125,7 @@ struct Served {
 }
 
 async fn served(dir: PathBuf, database: Option<String>) -> Result<Served> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = kiln_coordinator::listen("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let mut config = kiln_coordinator::Config::new(dir.join("state"), "bench-failover");
     config.database = database;

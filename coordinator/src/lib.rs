@@ -41,6 +41,7 @@ mod deliver;
 mod engine;
 mod events;
 mod hub;
+mod listen;
 pub mod metrics;
 mod mirror;
 mod relay;
@@ -51,4 +52,5 @@ mod task;
 mod web;
 mod why;
 
+pub use listen::{listen, listen_on, BACKLOG};
 pub use server::{serve, Config, ServeError, ServerTls, DEFAULT_MAX_UPLOAD_BYTES};

@@ -112,7 +112,7 @@ impl Farm {
             // A crashed runtime lets go of its socket in the background: retry for a moment.
             let mut listener = None;
             for _ in 0..100 {
-                match tokio::net::TcpListener::bind(&addr).await {
+                match kiln_coordinator::listen(&addr).await {
                     Ok(l) => {
                         listener = Some(l);
                         break;

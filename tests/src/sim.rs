@@ -286,7 +286,7 @@ impl SimFarm {
         agent: impl Fn(&mut kiln_agent::AgentConfig),
     ) -> SimFarm {
         let state = tempfile::tempdir().expect("temp dir");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind loopback");
+        let listener = kiln_coordinator::listen("127.0.0.1:0").await.expect("bind loopback");
         let url = format!("http://{}", listener.local_addr().expect("address"));
         let mut config = kiln_coordinator::Config::new(state.path().join("state"), "sim-farm");
         configure(&mut config);

@@ -58,7 +58,7 @@ impl TrustedFarm {
         let mut config = kiln_coordinator::Config::new(state, farm.clone());
         config.tls = Some(tls);
         config.http = http;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = kiln_coordinator::listen("127.0.0.1:0").await.unwrap();
         let url = format!("https://127.0.0.1:{}", listener.local_addr().unwrap().port());
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {

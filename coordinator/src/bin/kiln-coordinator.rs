@@ -391,7 +391,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             anyhow::anyhow!("no farm name: pass --farm NAME, or create the farm with `kiln-coordinator init --farm NAME --state {}`", dir.display())
         })?,
     };
-    let listener = tokio::net::TcpListener::bind(&args.listen)
+    let listener = kiln_coordinator::listen(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let local = listener.local_addr()?;

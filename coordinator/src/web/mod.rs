@@ -79,7 +79,7 @@ pub(crate) async fn start(
     gate: Gate,
     activity: watch::Receiver<Activity>,
 ) -> std::io::Result<Listening> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = crate::listen::listen_on(addr)?;
     let open = matches!(gate, Gate::Open);
     tracing::info!(addr = %listener.local_addr()?, login = !open, "serving the status page, /metrics, /healthz and /readyz");
     let probes = probes(activity.clone());

@@ -234,6 +234,15 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
         let twice: Vec<_> = seen.iter().filter(|(_, a)| a.len() > 1).take(5).collect();
         bail!("{} builds ran under load, {expected} expected; built more than once: {twice:?}", builds.len());
     }
+    // Builds per agent: a line of builds behind one warm agent shows here as a makespan of
+    // several builds.
+    let busiest = {
+        let mut per_agent = std::collections::HashMap::<&str, usize>::new();
+        for (agent, _) in &builds {
+            *per_agent.entry(agent.as_str()).or_default() += 1;
+        }
+        (per_agent.values().copied().max().unwrap_or(0), per_agent.len())
+    };
     let first_start = builds.iter().map(|(_, b)| b.started).min().unwrap();
     let last_end = builds.iter().filter_map(|(_, b)| b.finished).max().unwrap();
     let makespan = (last_end - first_start).as_secs_f64();
@@ -305,6 +314,7 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
             build.as_secs_f64()
         );
     }
+    println!("| builds on the busiest agent (agents that built) | {} ({}) | |", busiest.0, busiest.1);
     println!("| process peak RSS (coordinator + {} simulated agents) | {rss:.0} MiB | |", args.agents);
     println!(
         "| process CPU during the load (coordinator + agents) | {:.1} s over {load_secs:.1} s | |",

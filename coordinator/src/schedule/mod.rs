@@ -7,7 +7,8 @@
 //! - Fairness: waiting tasks queue per owner (the instance's team, else the user who converged it),
 //!   and free slots go round-robin across owners, one task per owner per turn. One owner's backlog
 //!   of a thousand delays another owner's single task by at most one task per slot.
-//! - Placement (`placement`): warm agents first, then the least loaded; a bounded wait for warmth.
+//! - Placement (`placement`): warm agents first, then the least loaded; a bounded wait for warmth,
+//!   by no more tasks per busy warm agent than it has slots.
 //!
 //! The queue lives in memory: a coordinator that stops loses it with the converges it ran, which
 //! its successor marks failed.
@@ -129,6 +130,10 @@ struct State {
     turn: usize,
     /// A moving average of how long a slot is held, for the wait a queued task is told.
     mean_ms: f64,
+    /// In the dispatch pass under way: how many tasks wait for each busy warm agent's next slot,
+    /// and which tasks those are (a pass may look at a task again after a grant).
+    lines: HashMap<String, u32>,
+    in_line: std::collections::HashSet<u64>,
 }
 
 /// A granted slot: the task, the agent and since when it is in its phase.
@@ -305,6 +310,9 @@ impl Scheduler {
     fn dispatch(self: &Arc<Self>) {
         let mut state = self.state.lock().unwrap();
         let mut still_waiting = false;
+        // Lines for warm agents are drawn again each pass, in the queue's order.
+        state.lines.clear();
+        state.in_line.clear();
         'turns: loop {
             if state.owners.is_empty() || !state.hosts.values().any(|h| h.busy < h.conn.slots) {
                 still_waiting |= !state.owners.is_empty();
@@ -417,6 +425,12 @@ impl State {
                 queue.remove(i);
                 continue;
             }
+            if self.in_line.contains(&w.seq) {
+                // Already in line for a warm agent this pass: no slot freed since.
+                placed.waiting = true;
+                i += 1;
+                continue;
+            }
             let waited = w.since.elapsed();
             let warm = sched.inventory.warm(&w.held, &w.task.context);
             let ids: Vec<&String> = self.hosts.keys().collect();
@@ -430,6 +444,7 @@ impl State {
                     slots: h.conn.slots,
                     busy: h.busy,
                     warm: warm.contains(&h.conn.stream),
+                    waiting: self.lines.get(&h.conn.id).copied().unwrap_or(0),
                 })
                 .collect();
             let choice = placement::choose(&candidates, &w.needs, waited, affinity_wait, self.turn);
@@ -461,7 +476,13 @@ impl State {
                 }
                 // Tasks no agent could ever run are answered by `refuse_unplaceable`, on the
                 // ticks and when an agent leaves — one place for that rule.
-                Choice::WaitWarm | Choice::Wait => {
+                Choice::WaitWarm(at) => {
+                    *self.lines.entry(ids[at].clone()).or_default() += 1;
+                    self.in_line.insert(w.seq);
+                    placed.waiting = true;
+                    i += 1;
+                }
+                Choice::Wait => {
                     placed.waiting = true;
                     i += 1;
                 }

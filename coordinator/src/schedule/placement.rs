@@ -9,7 +9,10 @@
 //!    the least loaded of them.
 //! 3. Otherwise the least loaded of all, but only once the task has waited `affinity_wait` for a
 //!    warm one, or when no warm agent is connected at all: warmth is worth a short wait, never a
-//!    starving one.
+//!    starving one. And a busy warm agent is waited for by at most as many tasks as it has slots
+//!    (the first in the queue's order): each of them gets the next slot it frees, about one task's
+//!    length away, while a task behind them would wait a whole line of builds for warmth — with
+//!    free cold agents beside it, going cold now is the shorter way.
 
 use std::time::Duration;
 
@@ -24,6 +27,8 @@ pub struct Candidate<'a> {
     pub busy: u32,
     /// The agent holds the task's image or built its context before.
     pub warm: bool,
+    /// Tasks ahead of this one in the queue's order already waiting for this agent's next slot.
+    pub waiting: u32,
 }
 
 /// What placement needs to know of one waiting task.
@@ -65,8 +70,9 @@ pub fn runs(platforms: &[String], emulates: &[String], needs: &Needs) -> bool {
 pub enum Choice {
     /// Run it on the candidate at this index.
     On(usize),
-    /// A warm agent is connected but busy: ask again when it frees up or the affinity wait ends.
-    WaitWarm,
+    /// A warm agent (at this index) is connected but busy, and this task is among the first in
+    /// line for it: ask again when it frees up or the affinity wait ends.
+    WaitWarm(usize),
     /// No agent with a free slot may run it now.
     Wait,
 }
@@ -106,9 +112,12 @@ pub fn choose(
     if let Some(i) = least(true) {
         return Choice::On(i);
     }
-    let warm_connected = candidates.iter().any(|c| c.warm && c.may_run(needs));
-    if warm_connected && waited < affinity_wait {
-        return Choice::WaitWarm;
+    if waited < affinity_wait {
+        // The warm agent with the shortest line, if any line is still shorter than its slots.
+        let line = candidates.iter().enumerate().filter(|(_, c)| c.warm && c.may_run(needs) && c.waiting < c.slots);
+        if let Some((i, _)) = line.min_by_key(|(_, c)| (u64::from(c.waiting) << 32) / u64::from(c.slots.max(1))) {
+            return Choice::WaitWarm(i);
+        }
     }
     match least(false) {
         Some(i) => Choice::On(i),
@@ -121,7 +130,7 @@ mod tests {
     use super::*;
 
     fn agent<'a>(id: &'a str, slots: u32, busy: u32, warm: bool) -> Candidate<'a> {
-        Candidate { id, platforms: &[], emulates: &[], slots, busy, warm }
+        Candidate { id, platforms: &[], emulates: &[], slots, busy, warm, waiting: 0 }
     }
 
     const WAIT: Duration = Duration::from_secs(2);
@@ -135,8 +144,23 @@ mod tests {
     #[test]
     fn a_busy_warm_agent_is_waited_for_only_until_the_affinity_wait_ends() {
         let agents = [agent("cold", 1, 0, false), agent("warm", 1, 1, true)];
-        assert_eq!(choose(&agents, &Needs::default(), Duration::from_millis(500), WAIT, 0), Choice::WaitWarm);
+        assert_eq!(choose(&agents, &Needs::default(), Duration::from_millis(500), WAIT, 0), Choice::WaitWarm(1));
         assert_eq!(choose(&agents, &Needs::default(), WAIT, WAIT, 0), Choice::On(0));
+    }
+
+    #[test]
+    fn a_busy_warm_agent_is_waited_for_by_no_more_tasks_than_it_has_slots() {
+        let warm = |slots, waiting| Candidate { waiting, ..agent("warm", slots, slots, true) };
+        let fresh = Duration::from_millis(10);
+        let cold_or_warm = |slots, waiting| [agent("cold", 1, 0, false), warm(slots, waiting)];
+        assert_eq!(choose(&cold_or_warm(2, 1), &Needs::default(), fresh, WAIT, 0), Choice::WaitWarm(1));
+        assert_eq!(choose(&cold_or_warm(2, 2), &Needs::default(), fresh, WAIT, 0), Choice::On(0), "its line is full");
+        assert_eq!(choose(&cold_or_warm(1, 1), &Needs::default(), fresh, WAIT, 0), Choice::On(0), "its line is full");
+        // Two warm agents: the shorter line relative to its slots; none free and none cold: wait.
+        let two = [warm(1, 1), warm(4, 1), agent("busy", 1, 1, false)];
+        assert_eq!(choose(&two, &Needs::default(), fresh, WAIT, 0), Choice::WaitWarm(1));
+        let full = [warm(1, 1), agent("busy", 1, 1, false)];
+        assert_eq!(choose(&full, &Needs::default(), fresh, WAIT, 0), Choice::Wait);
     }
 
     #[test]
@@ -163,9 +187,9 @@ mod tests {
         let arm = ["linux/arm64".to_string()];
         let amd = ["linux/amd64".to_string()];
         let agents = [
-            Candidate { id: "arm", platforms: &arm, emulates: &[], slots: 1, busy: 0, warm: true },
-            Candidate { id: "amd", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
-            Candidate { id: "lost", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
+            Candidate { id: "arm", platforms: &arm, emulates: &[], slots: 1, busy: 0, warm: true, waiting: 0 },
+            Candidate { id: "amd", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false, waiting: 0 },
+            Candidate { id: "lost", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false, waiting: 0 },
         ];
         let needs =
             Needs { platform: "linux/amd64".into(), required: None, exclude: vec!["amd".into()], ..Needs::default() };
@@ -181,8 +205,8 @@ mod tests {
         let amd = ["linux/amd64".to_string()];
         let arm = ["linux/arm64".to_string()];
         let agents = [
-            Candidate { id: "plain", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false },
-            Candidate { id: "qemu", platforms: &amd, emulates: &arm, slots: 1, busy: 1, warm: false },
+            Candidate { id: "plain", platforms: &amd, emulates: &[], slots: 1, busy: 0, warm: false, waiting: 0 },
+            Candidate { id: "qemu", platforms: &amd, emulates: &arm, slots: 1, busy: 1, warm: false, waiting: 0 },
         ];
         let arm64 = |via| Needs { platform: "linux/arm64".into(), via, ..Needs::default() };
         assert_eq!(choose(&agents, &arm64(Via::Native), WAIT, WAIT, 0), Choice::Wait, "no agent runs it natively");

@@ -154,7 +154,7 @@ pub async fn serve(
     let dir = config.state_dir.clone();
     let state_err = |err| ServeError::State { dir: dir.clone(), err };
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let store = crate::state::open(&dir, config.database.as_deref()).await.map_err(state_err)?;
+    let store = crate::state::open(&dir, config.database.as_deref(), !config.read_only).await.map_err(state_err)?;
     let store = crate::state::Timed::wrap(store, metrics.state_seconds.clone());
     let advertise = config.advertise.clone().unwrap_or_else(|| default_advertise(&listener, config.tls.is_some()));
     let holder = leadership::holder_id();

@@ -29,8 +29,15 @@ const T0: u64 = 1_750_000_000_000;
 
 /// Where one test's state lives.
 enum Backend {
-    Sqlite { _dir: TempDir, path: PathBuf },
-    Postgres { db: Database },
+    /// `cached`: the handle keeps the records it read, as the serving coordinator's does.
+    Sqlite {
+        _dir: TempDir,
+        path: PathBuf,
+        cached: bool,
+    },
+    Postgres {
+        db: Database,
+    },
 }
 
 impl Backend {
@@ -38,7 +45,15 @@ impl Backend {
         let dir = tempfile::tempdir().unwrap();
         // A directory that does not exist yet: open creates it, as it must for a fresh $KILN_HOME.
         let path = dir.path().join("home").join("state.db");
-        Backend::Sqlite { _dir: dir, path }
+        Backend::Sqlite { _dir: dir, path, cached: false }
+    }
+
+    /// SQLite with the record cache on: the suite holds for it unchanged.
+    fn sqlite_cached() -> Backend {
+        match Backend::sqlite() {
+            Backend::Sqlite { _dir, path, .. } => Backend::Sqlite { _dir, path, cached: true },
+            other => other,
+        }
     }
 
     async fn postgres() -> Backend {
@@ -54,8 +69,11 @@ impl Backend {
     /// [`Backend::open`], with the migrations the open applied.
     async fn try_open(&self, clock: &Arc<ManualClock>) -> Result<(Arc<dyn StateStore>, Vec<u32>), StateError> {
         Ok(match self {
-            Backend::Sqlite { path, .. } => {
+            Backend::Sqlite { path, cached, .. } => {
                 let store = SqliteStore::open_with_clock(path, clock.clone())?;
+                if *cached {
+                    store.cache_records();
+                }
                 let applied = store.migrations_applied().to_vec();
                 (Arc::new(store), applied)
             }
@@ -129,7 +147,7 @@ fn integer(row: &tokio_postgres::Row, i: usize) -> i64 {
     row.try_get::<_, i64>(i).or_else(|_| row.try_get::<_, i32>(i).map(i64::from)).unwrap()
 }
 
-/// Each body becomes `sqlite::<name>` and `postgres::<name>`.
+/// Each body becomes `sqlite::<name>`, `sqlite_cached::<name>` and `postgres::<name>`.
 macro_rules! suite {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -137,6 +155,14 @@ macro_rules! suite {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::Backend::sqlite()).await
+                }
+            )*
+        }
+        mod sqlite_cached {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Backend::sqlite_cached()).await
                 }
             )*
         }
@@ -879,6 +905,68 @@ async fn leadership_is_always_held_on_sqlite() {
     a.write_record("shop", None, vec![]).await.unwrap();
     b.write_record("shop", Some(Generation(1)), vec![]).await.unwrap();
     assert_eq!(a.renew_leadership(&la, ttl).await.unwrap().expires_ms, T0 + 10_000, "expiry on the store's clock");
+}
+
+/// The serving coordinator's handle keeps the records it read (`SqliteStore::cache_records`):
+/// a change made behind its back is not seen — which is why only the file's one writer keeps
+/// them — while every write through it, a refused or deleted one too, is seen by the next read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_cached_records_follow_every_write_through_the_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kiln.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.cache_records();
+    let generation = |r: Option<kiln_coordinator::model::Record>| r.map(|r| r.generation.0);
+    assert_eq!(generation(store.record("shop").await.unwrap()), None);
+    store.write_record("shop", None, vec![built("web", "shop-web:aaa")]).await.unwrap();
+    assert_eq!(generation(store.record("shop").await.unwrap()), Some(1), "an absent record was kept past a write");
+
+    // Behind the handle's back: answered from memory.
+    let images = |r: Option<kiln_coordinator::model::Record>| r.map_or(0, |r| r.images.len());
+    rusqlite::Connection::open(&path).unwrap().execute_batch("UPDATE records SET images = '[]'").unwrap();
+    assert_eq!(images(store.record("shop").await.unwrap()), 1, "the read did not come from memory");
+
+    // A refused compare-and-set still makes the next read go to the file.
+    let refused = store.write_record("shop", Some(Generation(5)), vec![]).await;
+    assert!(matches!(refused, Err(StateError::RecordMoved { .. })), "{refused:?}");
+    assert_eq!(images(store.record("shop").await.unwrap()), 0);
+    store.write_record("shop", Some(Generation(1)), vec![built("web", "shop-web:bbb")]).await.unwrap();
+    let current = store.record("shop").await.unwrap().unwrap();
+    assert_eq!((current.generation.0, current.images[0].reference.as_str()), (2, "shop-web:bbb"));
+    assert!(store.delete_record("shop").await.unwrap());
+    assert_eq!(generation(store.record("shop").await.unwrap()), None);
+}
+
+/// A caller that stops waiting for a record's write (a cancelled converge) cannot leave the
+/// cache answering with the record the write replaced: the write still lands, and then the next
+/// read sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_record_write_abandoned_by_its_caller_is_still_seen_by_the_next_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kiln.db");
+    let store = SqliteStore::open(&path).unwrap();
+    store.cache_records();
+    store.write_record("shop", None, vec![built("web", "shop-web:aaa")]).await.unwrap();
+    assert_eq!(store.record("shop").await.unwrap().unwrap().generation, Generation(1));
+
+    // Polled once, then dropped: the write has been handed to the writer.
+    let abandoned = tokio::time::timeout(
+        Duration::ZERO,
+        store.write_record("shop", Some(Generation(1)), vec![built("web", "shop-web:bbb")]),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the write answered before its first poll ended");
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let landed: i64 = raw.query_row("SELECT MAX(generation) FROM records", [], |r| r.get(0)).unwrap();
+        let seen = store.record("shop").await.unwrap().unwrap().generation;
+        if landed == 2 && seen == Generation(2) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the file holds generation {landed}, the handle says {seen:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Reads do not queue behind the writer: with the file's write lock held elsewhere (another

@@ -36,11 +36,25 @@ pub use sqlite::{SqliteStore, SCHEMA_VERSION};
 pub(crate) use timed::Timed;
 
 /// Opens the state a coordinator was pointed at: the PostgreSQL database `database` when given
-/// (`kiln-coordinator --state postgres://…`), else the SQLite file `kiln.db` in `dir`.
-pub async fn open(dir: &Path, database: Option<&str>) -> Result<std::sync::Arc<dyn StateStore>, StateError> {
+/// (`kiln-coordinator --state postgres://…`), else the SQLite file `kiln.db` in `dir`. `writer`:
+/// this process is the SQLite file's one writer (a serving coordinator, not a read-only one beside
+/// another), so it may keep the records it read ([`SqliteStore::cache_records`]). PostgreSQL keeps
+/// nothing in memory: several coordinators share it, and one that lost the lease while paused
+/// must not answer from what it read before.
+pub async fn open(
+    dir: &Path,
+    database: Option<&str>,
+    writer: bool,
+) -> Result<std::sync::Arc<dyn StateStore>, StateError> {
     Ok(match database {
         Some(url) => std::sync::Arc::new(PostgresStore::connect(url).await?),
-        None => std::sync::Arc::new(SqliteStore::open(dir.join("kiln.db"))?),
+        None => {
+            let store = SqliteStore::open(dir.join("kiln.db"))?;
+            if writer {
+                store.cache_records();
+            }
+            std::sync::Arc::new(store)
+        }
     })
 }
 

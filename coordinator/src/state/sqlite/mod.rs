@@ -19,6 +19,7 @@ mod converges;
 mod migrations;
 mod pins;
 mod readers;
+mod record_cache;
 mod records;
 mod trust;
 mod writer;
@@ -59,6 +60,8 @@ struct Inner {
     leader: Mutex<Option<Leadership>>,
     /// False only for `kiln-bench state-writes`' baseline: reads sent through the writer, as before.
     reads_beside: bool,
+    /// Current records, once read, when this process is the file's one writer.
+    records: record_cache::RecordCache,
 }
 
 impl SqliteStore {
@@ -133,8 +136,16 @@ impl SqliteStore {
         let writer = writer::Writer::start(conn, clock.clone(), path.clone(), group)
             .map_err(|err| StateError::Open { path: path.clone(), err: Box::new(err) })?;
         let readers = readers::Readers::new(path.clone(), BUSY_TIMEOUT);
-        let inner = Inner { writer, readers, clock, path, applied, leader, reads_beside: true };
+        let records = record_cache::RecordCache::default();
+        let inner = Inner { writer, readers, clock, path, applied, leader, reads_beside: true, records };
         Ok(SqliteStore { inner: Arc::new(inner) })
+    }
+
+    /// Keeps each instance's current record in memory once read (`record_cache`). Only for the
+    /// process that is the file's one writer — the serving coordinator — since another process's
+    /// write would not be seen.
+    pub fn cache_records(&self) {
+        self.inner.records.enable();
     }
 
     /// The database file.
@@ -169,6 +180,24 @@ impl SqliteStore {
             false => self.inner.writer.run(what, move |c, _| f(c)).await,
         };
         read.map_err(|err| self.name_busy(err))
+    }
+
+    /// Runs the write `f` of `instance`'s record, then forgets the cached record — in a task of
+    /// its own, so a caller that stops waiting (a cancelled converge) cannot leave the cache
+    /// answering with what the write replaced.
+    async fn writing_record<T, F>(&self, instance: &str, what: String, f: F) -> Result<T, StateError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, u64) -> Result<T, StateError> + Send + 'static,
+    {
+        let (store, instance) = (self.clone(), instance.to_owned());
+        let stopped = StateError::Writer { what: format!("{what} (the write's task stopped)") };
+        let writing = tokio::spawn(async move {
+            let result = store.run(what, f).await;
+            store.inner.records.forget(&instance);
+            result
+        });
+        writing.await.unwrap_or(Err(stopped))
     }
 
     /// A lock held by another process past the busy timeout is the one backend failure a user can
@@ -228,8 +257,15 @@ impl StateStore for SqliteStore {
     }
 
     async fn record(&self, instance: &str) -> Result<Option<Record>, StateError> {
-        let instance = instance.to_owned();
-        self.read(format!("reading the record of instance {instance}"), move |c| records::nth(c, &instance, 0)).await
+        let version = match self.inner.records.lookup(instance) {
+            record_cache::Lookup::Hit(record) => return Ok(record),
+            record_cache::Lookup::Miss(version) => version,
+        };
+        let owned = instance.to_owned();
+        let what = format!("reading the record of instance {instance}");
+        let record = self.read(what, move |c| records::nth(c, &owned, 0)).await?;
+        self.inner.records.fill(instance, version, &record);
+        Ok(record)
     }
 
     async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
@@ -248,16 +284,15 @@ impl StateStore for SqliteStore {
         expected: Option<Generation>,
         images: Vec<RecordedImage>,
     ) -> Result<Generation, StateError> {
-        let instance = instance.to_owned();
-        self.run(format!("writing the record of instance {instance}"), move |c, now| {
-            records::write(c, now, &instance, expected, &images)
-        })
-        .await
+        let what = format!("writing the record of instance {instance}");
+        let owned = instance.to_owned();
+        self.writing_record(instance, what, move |c, now| records::write(c, now, &owned, expected, &images)).await
     }
 
     async fn delete_record(&self, instance: &str) -> Result<bool, StateError> {
-        let instance = instance.to_owned();
-        self.run(format!("deleting the record of instance {instance}"), move |c, _| records::delete(c, &instance)).await
+        let what = format!("deleting the record of instance {instance}");
+        let owned = instance.to_owned();
+        self.writing_record(instance, what, move |c, _| records::delete(c, &owned)).await
     }
 
     async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StateError> {

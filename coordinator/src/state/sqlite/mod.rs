@@ -190,6 +190,10 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut Connection, u64) -> Result<T, StateError> + Send + 'static,
     {
+        // Nothing to forget without the cache: no task for it either.
+        if !self.inner.records.enabled() {
+            return self.run(what, f).await;
+        }
         let (store, instance) = (self.clone(), instance.to_owned());
         let stopped = StateError::Writer { what: format!("{what} (the write's task stopped)") };
         let writing = tokio::spawn(async move {

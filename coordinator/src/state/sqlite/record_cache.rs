@@ -58,12 +58,16 @@ impl RecordCache {
         self.enabled.store(true, Ordering::Release);
     }
 
+    pub(super) fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
     fn slots(&self) -> std::sync::MutexGuard<'_, Slots> {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn lookup(&self, instance: &str) -> Lookup {
-        if !self.enabled.load(Ordering::Acquire) {
+        if !self.enabled() {
             return Lookup::Miss(None);
         }
         let mut slots = self.slots();

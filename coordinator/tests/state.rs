@@ -949,14 +949,18 @@ async fn sqlite_a_record_write_abandoned_by_its_caller_is_still_seen_by_the_next
     store.write_record("shop", None, vec![built("web", "shop-web:aaa")]).await.unwrap();
     assert_eq!(store.record("shop").await.unwrap().unwrap().generation, Generation(1));
 
-    // Polled once, then dropped: the write has been handed to the writer.
+    // Another connection holds the write lock, so the write cannot land during its first poll:
+    // polled once, then dropped, it has been handed to the writer and waits there for the lock.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch("BEGIN IMMEDIATE").unwrap();
     let abandoned = tokio::time::timeout(
         Duration::ZERO,
         store.write_record("shop", Some(Generation(1)), vec![built("web", "shop-web:bbb")]),
     )
     .await;
-    assert!(abandoned.is_err(), "the write answered before its first poll ended");
-    let raw = rusqlite::Connection::open(&path).unwrap();
+    assert!(abandoned.is_err(), "the write answered while another connection held the lock");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    raw.execute_batch("COMMIT").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let landed: i64 = raw.query_row("SELECT MAX(generation) FROM records", [], |r| r.get(0)).unwrap();

@@ -959,7 +959,6 @@ async fn sqlite_a_record_write_abandoned_by_its_caller_is_still_seen_by_the_next
     )
     .await;
     assert!(abandoned.is_err(), "the write answered while another connection held the lock");
-    tokio::time::sleep(Duration::from_millis(50)).await;
     raw.execute_batch("COMMIT").unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {

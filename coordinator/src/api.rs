@@ -19,6 +19,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+mod settled;
+
 /// The `Kiln` gRPC service.
 #[derive(Debug, Clone)]
 pub struct KilnService {
@@ -203,6 +205,7 @@ async fn cancellable(
 }
 
 /// What the audit log says of a job once it ends.
+#[derive(Clone)]
 struct Audited {
     actor: String,
     action: &'static str,
@@ -330,12 +333,17 @@ impl pb::kiln_server::Kiln for KilnService {
             true => ("mirror", format!("mirror {}", plan.instance)),
             false => ("up", String::new()),
         };
+        let owner = crate::engine::owner(&plan);
+        let audited = Audited { actor: principal.actor(), action, target: plan.instance.clone(), address, owner };
+        if !plan.mirror_only {
+            if let Some(stream) = settled::settled_up(&self.engine, &plan, &audited).await? {
+                return Ok(Response::new(stream));
+            }
+        }
         let opened = open_job(&self.engine, &plan.instance, &plan.requested_by, started).await?;
         let (live, rx) = mpsc::channel(256);
         // The client's end of the stream: gone (Ctrl-C, a vanished CLI) cancels the converge.
         let client = live.clone();
-        let owner = crate::engine::owner(&plan);
-        let audited = Audited { actor: principal.actor(), action, target: plan.instance.clone(), address, owner };
         spawn_job(self.engine.clone(), opened, live, audited, move |engine, id, events| async move {
             let mut result = cancellable(&engine, &id, &plan, &events, client).await;
             if plan.mirror_only {

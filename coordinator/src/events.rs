@@ -46,6 +46,13 @@ impl Events {
         Events::writer(Some(store), id, live)
     }
 
+    /// Events kept to be stored later, all at once: neither persisted nor streamed as told. A
+    /// settled converge says them before it is stored, so they are stored with it.
+    pub fn collecting(id: ConvergeId) -> (Events, Collected) {
+        let (tx, rx) = mpsc::unbounded_channel::<Item>();
+        (Events { id, tx }, Collected { rx })
+    }
+
     /// Events that are streamed and never persisted: a dry run opens no converge, so it leaves
     /// nothing in the state, its log included.
     pub fn ephemeral(id: ConvergeId, live: Live) -> (Events, JoinHandle<()>) {
@@ -162,6 +169,28 @@ impl Events {
             ..Default::default()
         };
         let _ = self.tx.send(Item::Live(event));
+    }
+}
+
+/// The events told to an [`Events::collecting`].
+#[derive(Debug)]
+pub struct Collected {
+    rx: mpsc::UnboundedReceiver<Item>,
+}
+
+impl Collected {
+    /// The events told so far, in order. What is live only (progress, asks for contexts) is not
+    /// kept: a settled converge moves nothing and uploads nothing.
+    pub fn take(mut self) -> Vec<(EventKind, Option<String>, String)> {
+        let mut events = Vec::new();
+        while let Ok(item) = self.rx.try_recv() {
+            match item {
+                Item::Event { kind, image, message } => events.push((kind, image, message)),
+                Item::Finish { kind, message, .. } => events.push((kind, None, message)),
+                Item::Live(_) => {}
+            }
+        }
+        events
     }
 }
 

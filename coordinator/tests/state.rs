@@ -193,6 +193,7 @@ suite!(
     a_converge_finishes_once_and_never_as_running,
     the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them,
     a_converge_opens_with_its_first_event_or_not_at_all,
+    a_settled_converge_is_stored_whole_or_not_at_all,
     events_come_back_in_seq_order_and_after_seq_resumes,
     an_event_kind_written_by_a_newer_kiln_still_replays,
     sixteen_concurrent_appends_get_distinct_gap_free_seqs,
@@ -568,6 +569,56 @@ async fn the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them(ba
     let unknown = ConvergeId::from("nosuchconverge0");
     let err = store.finish_with_events(&unknown, ConvergeState::Succeeded, late).await.unwrap_err();
     assert!(matches!(err, StateError::UnknownConverge { .. }), "{err:?}");
+}
+
+/// `settle_converge`: the no-op converge opened, logged and finished in one write, only while its
+/// instance runs nothing and its record stands where the converge decided it.
+async fn a_settled_converge_is_stored_whole_or_not_at_all(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    let first = store.write_record("shop", None, vec![built("api", "shop-api:1")]).await.unwrap();
+    let said = |generation: Generation| {
+        vec![
+            (EventKind::Started, None, String::new()),
+            (
+                EventKind::Recorded { reference: "shop-api:1".into(), reason: None },
+                Some("api".to_owned()),
+                "shop-api:1".to_owned(),
+            ),
+            (EventKind::Finished { succeeded: true, generation: generation.0 }, None, "unchanged".to_owned()),
+        ]
+    };
+    let id = ConvergeId::generate(T0);
+    let (converge, events) = store.settle_converge(&id, "shop", "ana", first, said(first)).await.unwrap().unwrap();
+    assert_eq!((converge.id.clone(), converge.state.clone()), (id.clone(), ConvergeState::Succeeded));
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let stored = store.converge(&id).await.unwrap().unwrap();
+    assert_eq!((stored.state, stored.requested_by.as_str()), (ConvergeState::Succeeded, "ana"));
+    assert!(stored.finished_ms.is_some());
+    let kinds: Vec<EventKind> = store.events(&id, None).await.unwrap().into_iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, said(first).into_iter().map(|e| e.0).collect::<Vec<_>>());
+    // It left nothing running: the next converge of the instance opens.
+    let next = store.open_converge("shop", "ben").await.unwrap();
+
+    // While that one runs, a settled converge is refused, naming it, and writes nothing.
+    let refused = ConvergeId::generate(T0 + 1);
+    let err = store.settle_converge(&refused, "shop", "ana", first, said(first)).await.unwrap_err();
+    assert!(matches!(err, StateError::ConvergeRunning { ref running, .. } if *running == next.id), "{err:?}");
+    assert!(store.converge(&refused).await.unwrap().is_none());
+    let unknown = store.events(&refused, None).await.unwrap_err();
+    assert!(matches!(unknown, StateError::UnknownConverge { .. }), "{unknown:?}");
+
+    // The record moved after the converge decided: nothing is written, and it may go the long way.
+    let second = store.write_record("shop", Some(first), vec![built("api", "shop-api:2")]).await.unwrap();
+    store.finish_converge(&next.id, ConvergeState::Succeeded).await.unwrap();
+    let late = ConvergeId::generate(T0 + 2);
+    assert!(store.settle_converge(&late, "shop", "ana", first, said(first)).await.unwrap().is_none());
+    assert!(store.converge(&late).await.unwrap().is_none());
+    assert!(store.events(&late, None).await.is_err());
+    assert_eq!(store.converges(Some("shop"), 10).await.unwrap().len(), 2);
+    // Nor is one stored for a record taken down.
+    store.delete_record("shop").await.unwrap();
+    assert!(store.settle_converge(&late, "shop", "ana", second, said(second)).await.unwrap().is_none());
+    assert!(store.converge(&late).await.unwrap().is_none());
 }
 
 async fn events_come_back_in_seq_order_and_after_seq_resumes(backend: Backend) {

@@ -11,6 +11,7 @@
 //! - `platforms` — a multi-platform image: a task per platform, the emulation preflight, the
 //!   index in the registry, each node's own platform.
 //! - `running` — the converges running now, for `kiln cancel` and `kiln ps`.
+//! - `settled` — the no-op converge, decided before anything is stored and stored in one write.
 
 mod decide;
 mod execute;
@@ -19,6 +20,7 @@ mod parallel;
 mod platform_kind;
 mod platforms;
 pub mod running;
+mod settled;
 
 use crate::contexts::Contexts;
 use crate::events::Events;
@@ -178,17 +180,7 @@ impl Engine {
         // fails the converge early, and nothing is recorded that names a copy not made.
         crate::mirror::mirror_pinned(&self.registries, plan, events).instrument(step("mirror")).await?;
 
-        let target = plan.target.identity();
-        let mut recorded: Vec<RecordedImage> = Vec::new();
-        for image in &plan.images {
-            // Brought and pinned images pass through untouched: never built, labeled or inspected.
-            let kind = match image.kind {
-                PlanKind::Built(_) => continue,
-                PlanKind::Brought => RecordedKind::Brought,
-                PlanKind::Pinned => RecordedKind::Pinned,
-            };
-            recorded.push(RecordedImage::passthrough(&image.name, &image.reference, kind, &target));
-        }
+        let mut recorded = passthrough(plan);
 
         if !built.is_empty() {
             let host = self.pick_host(plan).instrument(step("pick host")).await?;
@@ -216,11 +208,7 @@ impl Engine {
                 self.claim(id, &built).await?;
                 claimed = true;
             }
-            for d in decisions.iter().filter(|d| d.action == Action::Skip) {
-                self.metrics.skipped(&Reason::Recorded);
-                let kind = EventKind::Recorded { reference: d.image.reference.clone(), reason: Some(Reason::Recorded) };
-                events.emit(kind, Some(&d.image.name), d.image.reference.clone());
-            }
+            self.tell_skipped(&decisions, events);
             let generation = record.as_ref().map_or(0, |r| r.generation.0);
             self.ensure_contexts(&decisions, events).instrument(step("contexts")).await?;
             // After the uploads: every context about to be built is stored now, with its list.
@@ -242,10 +230,7 @@ impl Engine {
                 claimed,
             });
         }
-        // Keep the manifest's order in the record.
-        let order: BTreeMap<&str, usize> =
-            plan.images.iter().enumerate().map(|(i, im)| (im.name.as_str(), i)).collect();
-        recorded.sort_by_key(|r| order.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
+        in_manifest_order(plan, &mut recorded);
         // Nothing built, delivered or renamed: the record stands as it is. Writing an identical
         // generation would push the one it replaced out of the nodes' grace, and a sweep would
         // find nothing this converge made collectable.
@@ -272,7 +257,12 @@ impl Engine {
     /// inventories the coordinator keeps — never a live listing per agent. Among equals, one
     /// chosen by the instance's name, so instances spread over the farm and each keeps its own.
     async fn pick_host(&self, plan: &UpPlan) -> Result<Arc<AgentConn>, Failure> {
-        let deadline = Instant::now() + AGENT_WAIT;
+        self.pick_host_within(plan, AGENT_WAIT).await
+    }
+
+    /// [`Engine::pick_host`], waiting at most `wait` for a host to connect.
+    async fn pick_host_within(&self, plan: &UpPlan, wait: Duration) -> Result<Arc<AgentConn>, Failure> {
+        let deadline = Instant::now() + wait;
         loop {
             let hosts: Vec<_> = self
                 .hub
@@ -315,6 +305,28 @@ impl Engine {
             self.hub.changed(deadline - Instant::now()).await;
         }
     }
+}
+
+/// The record entries of the plan's brought and pinned images, which pass through untouched:
+/// never built, labeled or inspected.
+fn passthrough(plan: &UpPlan) -> Vec<RecordedImage> {
+    let target = plan.target.identity();
+    let mut recorded = Vec::new();
+    for image in &plan.images {
+        let kind = match image.kind {
+            PlanKind::Built(_) => continue,
+            PlanKind::Brought => RecordedKind::Brought,
+            PlanKind::Pinned => RecordedKind::Pinned,
+        };
+        recorded.push(RecordedImage::passthrough(&image.name, &image.reference, kind, &target));
+    }
+    recorded
+}
+
+/// Puts record entries in the manifest's order, the order the record keeps.
+fn in_manifest_order(plan: &UpPlan, recorded: &mut [RecordedImage]) {
+    let order: BTreeMap<&str, usize> = plan.images.iter().enumerate().map(|(i, im)| (im.name.as_str(), i)).collect();
+    recorded.sort_by_key(|r| order.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
 }
 
 /// The span of one step of the converge (DESIGN.md's numbering: claim, decide, contexts, images,

@@ -147,6 +147,21 @@ pub trait StateStore: Send + Sync + 'static {
         let finished = self.finish_converge(converge, state).await.err();
         Ok((self.append_events(converge, events).await?, finished))
     }
+    /// Stores a converge that changed nothing, whole, as one write: opened as `id` for
+    /// `requested_by`, its events in order (`Started` first, `Finished` last), marked succeeded.
+    /// Only if the instance has no converge running ([`StateError::ConvergeRunning`] otherwise) and
+    /// its record is still at `generation`; `Ok(None)` when the record moved, with nothing
+    /// written, and the caller converges the usual way. Why: the no-op `kiln up` is the call a
+    /// developer waits on, and on a busy farm each write is a commit to queue for; it makes one,
+    /// not three (open, its events, finish).
+    async fn settle_converge(
+        &self,
+        id: &ConvergeId,
+        instance: &str,
+        requested_by: &str,
+        generation: Generation,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Option<(Converge, Vec<Event>)>, StateError>;
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError>;
     /// Newest first, at most `limit`, of one instance or of all.
     async fn converges(&self, instance: Option<&str>, limit: usize) -> Result<Vec<Converge>, StateError>;

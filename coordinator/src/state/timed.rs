@@ -70,6 +70,13 @@ timed! {
         state: ConvergeState,
         events: Vec<(EventKind, Option<String>, String)>
     ) -> (Vec<Event>, Option<StateError>);
+    settle_converge(
+        id: &ConvergeId,
+        instance: &str,
+        requested_by: &str,
+        generation: Generation,
+        events: Vec<(EventKind, Option<String>, String)>
+    ) -> Option<(Converge, Vec<Event>)>;
     converge(converge: &ConvergeId) -> Option<Converge>;
     converges(instance: Option<&str>, limit: usize) -> Vec<Converge>;
     builder_of(reference: &str) -> Option<ConvergeId>;

@@ -17,16 +17,19 @@ const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, req
 /// How often an open retries when the converge it lost to finished before it could be named.
 const OPEN_ATTEMPTS: usize = 3;
 
+/// Opens a running converge of `instance`, as `chosen` when the caller named its id (a converge
+/// decided before it was stored), else under a new one.
 pub(super) async fn open<C: GenericClient>(
     tx: &C,
     now_ms: u64,
+    chosen: Option<&ConvergeId>,
     instance: &str,
     requested_by: &str,
     what: &str,
 ) -> Result<Converge, StateError> {
     for _ in 0..OPEN_ATTEMPTS {
         let converge = Converge {
-            id: ConvergeId::generate(now_ms),
+            id: chosen.cloned().unwrap_or_else(|| ConvergeId::generate(now_ms)),
             instance: instance.to_owned(),
             state: ConvergeState::Running,
             started_ms: now_ms,

@@ -369,7 +369,7 @@ impl StateStore for PostgresStore {
 
     async fn open_converge(&self, instance: &str, requested_by: &str) -> Result<Converge, StateError> {
         let what = format!("opening a converge of instance {instance}");
-        fenced!(self, &what, |tx| converges::open(tx, self.now_ms(), instance, requested_by, &what))
+        fenced!(self, &what, |tx| converges::open(tx, self.now_ms(), None, instance, requested_by, &what))
     }
 
     async fn open_converge_with(
@@ -381,7 +381,7 @@ impl StateStore for PostgresStore {
         let what = format!("opening a converge of instance {instance}");
         let now = self.now_ms();
         fenced!(self, &what, |tx| async {
-            let converge = converges::open(tx, now, instance, requested_by, &what).await?;
+            let converge = converges::open(tx, now, None, instance, requested_by, &what).await?;
             let mut events = converges::append_events(tx, now, &converge.id, vec![first], &what).await?;
             Ok((converge, events.remove(0)))
         })
@@ -443,6 +443,36 @@ impl StateStore for PostgresStore {
             };
             Ok((converges::append_events(tx, now, converge, events, &what).await?, finished))
         })
+    }
+
+    async fn settle_converge(
+        &self,
+        id: &ConvergeId,
+        instance: &str,
+        requested_by: &str,
+        generation: Generation,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Option<(Converge, Vec<Event>)>, StateError> {
+        let what = format!("storing the settled converge {id} of instance {instance}");
+        let now = self.now_ms();
+        // Opened first: from then on no other converge of the instance can record, and any that
+        // recorded before committed ahead of the open, so the comparison below sees its
+        // generation. A moved record fails the transaction, which rolls the open back.
+        let settled = fenced!(self, &what, |tx| async {
+            let converge = converges::open(tx, now, Some(id), instance, requested_by, &what).await?;
+            let actual = records::current(tx, instance, &what).await?;
+            if actual != Some(generation) {
+                return Err(StateError::RecordMoved { instance: instance.to_owned(), expected: Some(generation), actual });
+            }
+            let events = converges::append_events(tx, now, &converge.id, events, &what).await?;
+            converges::finish(tx, now, &converge.id, &ConvergeState::Succeeded, &what).await?;
+            Ok((Converge { state: ConvergeState::Succeeded, finished_ms: Some(now), ..converge }, events))
+        });
+        match settled {
+            Ok(settled) => Ok(Some(settled)),
+            Err(StateError::RecordMoved { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
     }
 
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {

@@ -13,6 +13,17 @@ use crate::state::StateError;
 
 const COLUMNS: &str = "instance, generation, images::text, written_at_ms";
 
+/// The number of the instance's current generation, if it has a record.
+pub(super) async fn current<C: GenericClient>(
+    c: &C,
+    instance: &str,
+    what: &str,
+) -> Result<Option<Generation>, StateError> {
+    let actual: Option<i64> =
+        query_one(c, "SELECT MAX(generation) FROM records WHERE instance = $1", &[&instance]).await.ctx(what)?.get(0);
+    Ok(actual.map(|g| Generation(uint(g))))
+}
+
 /// The instance's `n`th newest generation: 0 = current, 1 = previous.
 pub(super) async fn nth<C: GenericClient>(
     c: &C,
@@ -62,9 +73,7 @@ pub(super) async fn write<C: GenericClient>(
     .await
     .ctx(what)?
     .get(0);
-    let actual: Option<i64> =
-        query_one(tx, "SELECT MAX(generation) FROM records WHERE instance = $1", &[&instance]).await.ctx(what)?.get(0);
-    let actual = actual.map(|g| Generation(uint(g)));
+    let actual = current(tx, instance, what).await?;
     if actual != expected {
         return Err(StateError::RecordMoved { instance: instance.to_owned(), expected, actual });
     }

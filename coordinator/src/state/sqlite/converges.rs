@@ -18,6 +18,17 @@ pub(super) fn open(
     instance: &str,
     requested_by: &str,
 ) -> Result<Converge, StateError> {
+    open_as(conn, now_ms, ConvergeId::generate(now_ms), instance, requested_by)
+}
+
+/// [`open`], under an id the caller chose (a converge decided before it was stored).
+pub(super) fn open_as(
+    conn: &mut Connection,
+    now_ms: u64,
+    id: ConvergeId,
+    instance: &str,
+    requested_by: &str,
+) -> Result<Converge, StateError> {
     let what = || format!("opening a converge of instance {instance}");
     let tx = conn.nested().ctx(what)?;
     let running: Option<String> = tx
@@ -28,7 +39,7 @@ pub(super) fn open(
         return Err(StateError::ConvergeRunning { instance: instance.to_owned(), running: running.into() });
     }
     let converge = Converge {
-        id: ConvergeId::generate(now_ms),
+        id,
         instance: instance.to_owned(),
         state: ConvergeState::Running,
         started_ms: now_ms,

@@ -374,6 +374,36 @@ impl StateStore for SqliteStore {
         .await
     }
 
+    async fn settle_converge(
+        &self,
+        id: &ConvergeId,
+        instance: &str,
+        requested_by: &str,
+        generation: Generation,
+        events: Vec<(EventKind, Option<String>, String)>,
+    ) -> Result<Option<(Converge, Vec<Event>)>, StateError> {
+        let (id, instance, requested_by) = (id.clone(), instance.to_owned(), requested_by.to_owned());
+        let what = format!("storing the settled converge {id} of instance {instance}");
+        let settled = self.run(what.clone(), move |c, now| {
+            // Opened first, then the record compared, as on PostgreSQL: once this converge runs,
+            // no other of the instance can write the record under it. A moved record rolls the
+            // whole call back.
+            let converge = converges::open_as(c, now, id, &instance, &requested_by)?;
+            let actual = records::current(c, &instance).ctx(|| what)?;
+            if actual != Some(generation) {
+                return Err(StateError::RecordMoved { instance, expected: Some(generation), actual });
+            }
+            let events = converges::append_events(c, now, &converge.id, events)?;
+            converges::finish(c, now, &converge.id, ConvergeState::Succeeded)?;
+            Ok((Converge { state: ConvergeState::Succeeded, finished_ms: Some(now), ..converge }, events))
+        });
+        match settled.await {
+            Ok(settled) => Ok(Some(settled)),
+            Err(StateError::RecordMoved { .. }) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     async fn converge(&self, converge: &ConvergeId) -> Result<Option<Converge>, StateError> {
         let id = converge.clone();
         self.read(format!("reading converge {id}"), move |c| converges::get(c, &id)).await

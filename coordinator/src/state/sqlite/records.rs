@@ -11,6 +11,13 @@ use crate::state::StateError;
 
 const COLUMNS: &str = "instance, generation, images, written_at_ms";
 
+/// The number of the instance's current generation, if it has a record.
+pub(super) fn current(conn: &Connection, instance: &str) -> rusqlite::Result<Option<Generation>> {
+    let actual: Option<u64> =
+        conn.one_row("SELECT MAX(generation) FROM records WHERE instance = ?1", [instance], |row| row.get(0))?;
+    Ok(actual.map(Generation))
+}
+
 /// The instance's `n`th newest generation: 0 = current, 1 = previous.
 pub(super) fn nth(conn: &mut Connection, instance: &str, n: u32) -> Result<Option<Record>, StateError> {
     let what = || format!("reading the record of instance {instance}");
@@ -50,10 +57,7 @@ pub(super) fn write(
     let what = || format!("writing the record of instance {instance}");
     let images = to_json(&images, what)?;
     let tx = conn.nested().ctx(what)?;
-    let actual: Option<u64> = tx
-        .one_row("SELECT MAX(generation) FROM records WHERE instance = ?1", [instance], |row| row.get(0))
-        .ctx(what)?;
-    let actual = actual.map(Generation);
+    let actual = current(&tx, instance).ctx(what)?;
     if actual != expected {
         return Err(StateError::RecordMoved { instance: instance.to_owned(), expected, actual });
     }

@@ -1,0 +1,93 @@
+//! The settled converge: a `kiln up` whose every image is recorded and confirmed where its target
+//! puts it. It is decided before anything is stored, and then stored whole in one write
+//! ([`StateStore::settle_converge`](crate::state::StateStore::settle_converge)) instead of being
+//! opened, logged and finished in three. Why: it is the call a developer waits on, and on a
+//! busy farm each write waits for a commit behind everyone else's builds.
+//!
+//! It decides exactly as [`Engine::up`] does (the same record, the same confirmation, the same
+//! decisions), and says the same events. Anything else gives up, and the converge runs the usual
+//! way from its start: an image to build or deliver, a pin to mirror, images to publish, a
+//! multi-platform image, a target whose confirmation is a delivery (`nodes`, `kind`), no host
+//! connected right now, or any error. Deciding twice costs a converge that builds at most one
+//! more record read and one more listing, and it decides twice only when the record names every
+//! ref it computes, so a farm's first builds never pay it.
+
+use super::decide::Decision;
+use super::{in_manifest_order, passthrough, platforms, step, Engine};
+use crate::events::{Collected, Events};
+use crate::model::{Action, ConvergeId, EventKind, Generation, Reason, RecordedKind};
+use crate::plan::{PlanKind, Target, UpPlan};
+use std::time::Duration;
+use tracing::Instrument;
+
+/// What a settled converge says and where it stands.
+#[derive(Debug)]
+pub struct Settled {
+    /// The record's current generation, which the converge leaves as it is.
+    pub generation: Generation,
+    /// Its events between `Started` and `Finished`, in the order told.
+    pub events: Vec<(EventKind, Option<String>, String)>,
+}
+
+impl Engine {
+    /// Decides `plan` as the converge `id` and returns what it would say when nothing is to
+    /// change; `None` when it must run the usual way. Writes nothing to the state.
+    pub async fn settled(&self, id: &ConvergeId, plan: &UpPlan) -> Option<Settled> {
+        let publishes = self.config.kubernetes.is_some() && plan.namespace.is_some();
+        let simple_target = matches!(plan.target, Target::Local | Target::Registry { .. });
+        let mirrors = plan.images.iter().any(|image| image.mirrored_from.is_some());
+        if plan.dry_run || plan.mirror_only || platforms::multi(plan) || publishes || mirrors || !simple_target {
+            return None;
+        }
+        let record = self.store.record(&plan.instance).await.ok()??;
+        let built: Vec<_> = plan
+            .images
+            .iter()
+            .filter_map(|image| match &image.kind {
+                PlanKind::Built(inputs) => Some((image, inputs)),
+                _ => None,
+            })
+            .collect();
+        // The usual converge claims unless the record names every built ref; this one never does.
+        let covered = built
+            .iter()
+            .all(|(i, _)| record.images.iter().any(|r| r.kind == RecordedKind::Built && r.reference == i.reference));
+        if !covered {
+            return None;
+        }
+        let (events, collected) = Events::collecting(id.clone());
+        let mut recorded = passthrough(plan);
+        if !built.is_empty() {
+            // No waiting for a host: that is the usual converge's to do, and to say.
+            let host = self.pick_host_within(plan, Duration::ZERO).await.ok()?;
+            let deciding = self.decide(&host, id, plan, Some(&record), &built, &events);
+            let decisions = deciding.instrument(step("decide")).await.ok()?;
+            if decisions.iter().any(|d| d.action != Action::Skip) {
+                return None;
+            }
+            self.tell_skipped(&decisions, &events);
+            recorded.extend(decisions.iter().filter_map(|d| d.recorded.cloned()));
+        }
+        in_manifest_order(plan, &mut recorded);
+        if recorded != record.images {
+            return None;
+        }
+        Some(Settled { generation: record.generation, events: taken(events, collected) })
+    }
+
+    /// The `Recorded` event and the skip count of each image skipped, as the usual converge tells
+    /// them once it has decided.
+    pub(super) fn tell_skipped(&self, decisions: &[Decision<'_>], events: &Events) {
+        for d in decisions.iter().filter(|d| d.action == Action::Skip) {
+            self.metrics.skipped(&Reason::Recorded);
+            let kind = EventKind::Recorded { reference: d.image.reference.clone(), reason: Some(Reason::Recorded) };
+            events.emit(kind, Some(&d.image.name), d.image.reference.clone());
+        }
+    }
+}
+
+/// Every event told into `events` (the last handle on them) so far.
+fn taken(events: Events, collected: Collected) -> Vec<(EventKind, Option<String>, String)> {
+    drop(events);
+    collected.take()
+}

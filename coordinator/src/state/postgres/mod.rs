@@ -462,7 +462,11 @@ impl StateStore for PostgresStore {
             let converge = converges::open(tx, now, Some(id), instance, requested_by, &what).await?;
             let actual = records::current(tx, instance, &what).await?;
             if actual != Some(generation) {
-                return Err(StateError::RecordMoved { instance: instance.to_owned(), expected: Some(generation), actual });
+                return Err(StateError::RecordMoved {
+                    instance: instance.to_owned(),
+                    expected: Some(generation),
+                    actual,
+                });
             }
             let events = converges::append_events(tx, now, &converge.id, events, &what).await?;
             converges::finish(tx, now, &converge.id, &ConvergeState::Succeeded, &what).await?;

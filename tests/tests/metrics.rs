@@ -83,6 +83,8 @@ async fn a_converge_and_its_no_op_move_each_counter_by_what_they_did() {
     assert_eq!(moved(&c0, &c1, "kiln_state_call_duration_seconds_count", &[("method", "write_record")]), 1.0);
     assert_eq!(moved(&c0, &c1, "kiln_state_call_duration_seconds_count", &[("method", "claim")]), 1.0);
     assert_eq!(moved(&c0, &c1, "kiln_state_call_duration_seconds_count", &[("method", "release_claims")]), 1.0);
+    // Nothing recorded yet: the host is listed once, for images of this farm already there.
+    assert_eq!(moved(&c0, &c1, "kiln_host_listing_duration_seconds_count", &[]), 1.0);
     let owners: Vec<_> = c1.samples.iter().filter(|s| s.metric == "kiln_converges_total").collect();
     assert!(owners.iter().all(|s| s.labels.get("owner").is_some_and(|o| !o.is_empty())), "{owners:#?}");
     assert_eq!(moved(&a0, &a1, "kiln_agent_build_duration_seconds_count", &[("outcome", "built")]), 2.0);
@@ -103,6 +105,10 @@ async fn a_converge_and_its_no_op_move_each_counter_by_what_they_did() {
     // Every ref is the record's, so a root already: nothing claimed, nothing to release.
     assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "claim")]), 0.0);
     assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "release_claims")]), 0.0);
+    // Confirmed by the registry's manifests alone, and stored in one write.
+    assert_eq!(moved(&c1, &c2, "kiln_host_listing_duration_seconds_count", &[]), 0.0);
+    assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "settle_converge")]), 1.0);
+    assert_eq!(moved(&c1, &c2, "kiln_state_call_duration_seconds_count", &[("method", "open_converge_with")]), 0.0);
     assert_eq!(moved(&a1, &a2, "kiln_agent_build_duration_seconds_count", &[]), 0.0);
 
     // What is true now, read at the scrape: the farm is idle, its claims released.
@@ -126,6 +132,7 @@ async fn a_converge_and_its_no_op_move_each_counter_by_what_they_did() {
     let c3 = scrape(coordinator).await;
     assert_eq!(moved(&c2, &c3, "kiln_builds_total", &[("reason", "built")]), 1.0);
     assert_eq!(moved(&c2, &c3, "kiln_skips_total", &[("reason", "recorded")]), 1.0, "worker");
+    assert_eq!(moved(&c2, &c3, "kiln_host_listing_duration_seconds_count", &[]), 1.0, "web is not recorded");
     assert_eq!(moved(&c2, &c3, "kiln_sweep_removals_total", &store), 1.0, "{old_web} untagged");
     assert_eq!(moved(&c2, &c3, "kiln_sweep_failures_total", &store), 0.0);
     // Bytes freed depend on the layers other tests' images share on this daemon: only present.

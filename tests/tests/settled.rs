@@ -4,7 +4,8 @@
 //! way, with nothing of the abandoned attempt left in the state.
 //!
 //! The writes are counted by the coordinator's own `kiln_state_call_duration_seconds` series,
-//! scraped over HTTP: one series per state call.
+//! scraped over HTTP (one series per state call), and the host listings by
+//! `kiln_host_listing_duration_seconds`.
 
 use kiln_e2e::fixture::{example, reference, remove_built, unique};
 use kiln_e2e::wire::{self, images_with, succeeded, up};
@@ -14,19 +15,22 @@ use pb::converge_event::Kind;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// How many times the coordinator has made each of the state calls that write a converge:
-/// (settle_converge, open_converge_with, append_events, finish_with_events).
-async fn converge_writes(addr: SocketAddr) -> [u64; 4] {
+/// How many times the coordinator has made each of the state calls that write a converge —
+/// (settle_converge, open_converge_with, append_events, finish_with_events) — and how many host
+/// listings it asked for.
+async fn converge_writes(addr: SocketAddr) -> [u64; 5] {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n");
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
-    let count = |method: &str| {
-        let series = format!("kiln_state_call_duration_seconds_count{{method=\"{method}\"}} ");
+    let count = |series: String| {
+        let series = format!("{series} ");
         response.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0, |v| v.trim().parse().unwrap())
     };
-    ["settle_converge", "open_converge_with", "append_events", "finish_with_events"].map(count)
+    let call = |method: &str| count(format!("kiln_state_call_duration_seconds_count{{method=\"{method}\"}}"));
+    let listings = count("kiln_host_listing_duration_seconds_count".to_string());
+    [call("settle_converge"), call("open_converge_with"), call("append_events"), call("finish_with_events"), listings]
 }
 
 async fn logs(url: &str, converge_id: &str) -> Vec<pb::ConvergeEvent> {
@@ -79,6 +83,7 @@ async fn a_no_op_up_is_one_write_and_replays_as_it_was_told() {
     let w2 = converge_writes(metrics).await;
     assert_eq!(w2[0] - w1[0], 1, "stored by settle_converge");
     assert_eq!([w2[1] - w1[1], w2[2] - w1[2], w2[3] - w1[3]], [0, 0, 0], "and by no other converge write");
+    assert_eq!(w2[4] - w1[4], 1, "presence on the daemon confirmed by one listing");
     // What the client was told is what was stored: `kiln logs` replays it event for event.
     let settled_id = finished.converge_id.clone();
     assert!(events.iter().all(|e| e.converge_id == settled_id));
@@ -99,6 +104,13 @@ async fn a_no_op_up_is_one_write_and_replays_as_it_was_told() {
     assert_eq!(w3[0] - w2[0], 0, "no settled converge was stored");
     assert_eq!(w3[1] - w2[1], 1, "the converge was opened the usual way");
     assert_eq!(converges(&farm.url, &instance).await.len(), 3, "nothing of the abandoned attempt is listed");
+
+    // `--force` goes the usual way at once: one listing, as before there was a settled converge.
+    let events = up(&farm.url, &dir, true).await;
+    assert!(succeeded(&events), "{events:#?}");
+    assert_eq!(images_with(&events, Kind::Built), vec!["web", "worker"], "{events:#?}");
+    let w4 = converge_writes(metrics).await;
+    assert_eq!([w4[0] - w3[0], w4[1] - w3[1], w4[4] - w3[4]], [0, 1, 1], "settled, opened, listings");
     farm.stop().await;
     remove_built(&dir);
 }

@@ -206,6 +206,14 @@ impl Engine {
     /// The labeled listing of `host`, and for a `local` target of every other host whose
     /// inventory (as the coordinator keeps it) shows one of the plan's images: its images may sit
     /// on any of them. Listed at once, each under the task deadline: one slow agent holds no other.
+    /// One host's listing, timed in `kiln_host_listing_duration_seconds`.
+    async fn listed(&self, agent: &AgentConn, id: &ConvergeId) -> HostListing {
+        let started = std::time::Instant::now();
+        let images = list(agent, id.as_str()).await;
+        self.metrics.host_listing_seconds.observe(started.elapsed().as_secs_f64());
+        HostListing { store: crate::sweep::host_store_of(agent), images }
+    }
+
     async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId) -> Vec<HostListing> {
         let mut hosts: Vec<std::sync::Arc<AgentConn>> = Vec::new();
         if let Target::Local = plan.target {
@@ -215,13 +223,8 @@ impl Engine {
             hosts =
                 self.hub.connected().into_iter().filter(|a| a.is_host() && a.id != host.id && holds_one(a)).collect();
         }
-        let others = futures_util::future::join_all(hosts.iter().map(|other| async move {
-            HostListing { store: crate::sweep::host_store_of(other), images: list(other, id.as_str()).await }
-        }));
-        let (first, others) = tokio::join!(
-            async { HostListing { store: crate::sweep::host_store_of(host), images: list(host, id.as_str()).await } },
-            others
-        );
+        let others = futures_util::future::join_all(hosts.iter().map(|other| self.listed(other, id)));
+        let (first, others) = tokio::join!(self.listed(host, id), others);
         let mut listings = vec![first];
         listings.extend(others);
         for listing in &listings {

@@ -5,12 +5,13 @@
 //! busy farm each write waits for a commit behind everyone else's builds.
 //!
 //! It decides exactly as [`Engine::up`] does (the same record, the same confirmation, the same
-//! decisions), and says the same events. Anything else gives up, and the converge runs the usual
-//! way from its start: an image to build or deliver, a pin to mirror, images to publish, a
-//! multi-platform image, a target whose confirmation is a delivery (`nodes`, `kind`), no host
-//! connected right now, or any error. Deciding twice costs a converge that builds at most one
-//! more record read and one more listing, and it decides twice only when the record names every
-//! ref it computes, so a farm's first builds never pay it.
+//! decisions), and says the same events. Anything else gives up, and the converge runs the
+//! usual way from its start: `--force`, an image to build or deliver, a pin to mirror, images to
+//! publish, a multi-platform image, a target whose confirmation is a delivery (`nodes`, `kind`),
+//! no host connected right now, or any error. Giving up after deciding costs the converge one
+//! more record read and one more listing; it happens only when the record names every ref the
+//! converge computes and something still has to move (an image gone from its store, another
+//! target), so neither a farm's first builds nor a forced rebuild pay it.
 
 use super::decide::Decision;
 use super::{in_manifest_order, passthrough, platforms, step, Engine};
@@ -36,7 +37,9 @@ impl Engine {
         let publishes = self.config.kubernetes.is_some() && plan.namespace.is_some();
         let simple_target = matches!(plan.target, Target::Local | Target::Registry { .. });
         let mirrors = plan.images.iter().any(|image| image.mirrored_from.is_some());
-        if plan.dry_run || plan.mirror_only || platforms::multi(plan) || publishes || mirrors || !simple_target {
+        // `--force` rebuilds everything: deciding it here would only list the host twice.
+        let usual = plan.dry_run || plan.force || plan.mirror_only || platforms::multi(plan);
+        if usual || publishes || mirrors || !simple_target {
             return None;
         }
         let record = self.store.record(&plan.instance).await.ok()??;

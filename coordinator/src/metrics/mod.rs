@@ -51,6 +51,9 @@ pub struct Metrics {
     pub(crate) freed_bytes: Family<Store, Counter>,
     pub(crate) not_swept: Family<Store, Counter>,
     pub(crate) state_seconds: Histograms<Method>,
+    /// A converge's labeled listing of a host store, from the ask to the answer: what a no-op
+    /// converge to `local` waits on besides its one write.
+    pub(crate) host_listing_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -71,6 +74,9 @@ impl Metrics {
         // the slow tail is what this histogram is for.
         let state_seconds: Histograms<Method> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.0001, 4.0, 10)));
+        // 0.5 ms to ~16 s, doubling: an idle agent answers in a millisecond or two, one behind a
+        // busy farm in tens of them, and the tail is what matters to the waiting developer.
+        let host_listing_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let mut m = Metrics {
             registry: Registry::with_prefix("kiln"),
             converges: Family::default(),
@@ -90,6 +96,7 @@ impl Metrics {
             freed_bytes: Family::default(),
             not_swept: Family::default(),
             state_seconds,
+            host_listing_seconds,
         };
         let r = &mut m.registry;
         r.register("converges", "Converges (up, down, gc) that ended, by kind, outcome and owner", m.converges.clone());
@@ -141,6 +148,11 @@ impl Metrics {
         );
         r.register("sweep_failures", "Planned removals that did not happen, by store", m.not_swept.clone());
         r.register("state_call_duration_seconds", "State store (database) calls, by method", m.state_seconds.clone());
+        r.register(
+            "host_listing_duration_seconds",
+            "A converge's labeled listing of a host store, from the ask to the answer",
+            m.host_listing_seconds.clone(),
+        );
         m
     }
 

@@ -179,9 +179,11 @@ pub struct Collected {
 }
 
 impl Collected {
-    /// The events told so far, in order. What is live only (progress, asks for contexts) is not
-    /// kept: a settled converge moves nothing and uploads nothing.
-    pub fn take(mut self) -> Vec<(EventKind, Option<String>, String)> {
+    /// The events told through `events`, the last handle on them, in order. What is live only
+    /// (progress, asks for contexts) is not kept: a settled converge moves nothing and uploads
+    /// nothing.
+    pub fn take(mut self, events: Events) -> Vec<(EventKind, Option<String>, String)> {
+        drop(events);
         let mut events = Vec::new();
         while let Ok(item) = self.rx.try_recv() {
             match item {

@@ -25,7 +25,7 @@ mod settled;
 use crate::contexts::Contexts;
 use crate::events::Events;
 use crate::hub::{AgentConn, HeldRef, Hub, StreamId};
-use crate::model::{Action, ConvergeId, EventKind, Reason, RecordedImage, RecordedKind};
+use crate::model::{Action, ConvergeId, EventKind, Reason, Record, RecordedImage, RecordedKind};
 use crate::plan::{BuildInputs, PlanImage, PlanKind, UpPlan};
 use crate::state::StateStore;
 use crate::Config;
@@ -149,14 +149,7 @@ impl Engine {
         if platforms::multi(plan) {
             platforms::refuse_target(plan)?;
         }
-        let built: Vec<(&PlanImage, &BuildInputs)> = plan
-            .images
-            .iter()
-            .filter_map(|i| match &i.kind {
-                PlanKind::Built(inputs) => Some((i, inputs)),
-                _ => None,
-            })
-            .collect();
+        let built = built_images(plan);
         let record = self.store.record(&plan.instance).await.map_err(store_failure)?;
         // Claim before building: no sweep anywhere may take a ref between its build and delivery,
         // nor the content store a context between its upload and its build. A converge whose
@@ -165,11 +158,7 @@ impl Engine {
         // change it while this one runs. It claims as soon as it finds anything to build or
         // deliver, before touching it — so the no-op converge, the one a developer waits for,
         // makes two writes fewer (the claim and its release), each a commit behind a busy farm's.
-        let covered = record.as_ref().is_some_and(|r| {
-            built
-                .iter()
-                .all(|(i, _)| r.images.iter().any(|ri| ri.kind == RecordedKind::Built && ri.reference == i.reference))
-        });
+        let covered = record.as_ref().is_some_and(|r| covers(r, &built));
         let mut claimed = false;
         if !plan.dry_run && !covered {
             self.claim(id, &built).await?;
@@ -305,6 +294,23 @@ impl Engine {
             self.hub.changed(deadline - Instant::now()).await;
         }
     }
+}
+
+/// The plan's images that are built, each with its inputs, in the manifest's order.
+fn built_images(plan: &UpPlan) -> Vec<(&PlanImage, &BuildInputs)> {
+    let built = plan.images.iter().filter_map(|i| match &i.kind {
+        PlanKind::Built(inputs) => Some((i, inputs)),
+        _ => None,
+    });
+    built.collect()
+}
+
+/// Whether `record` names every built ref: then the record alone keeps them from every sweep,
+/// and deciding them needs no claim.
+fn covers(record: &Record, built: &[(&PlanImage, &BuildInputs)]) -> bool {
+    let names =
+        |i: &PlanImage| record.images.iter().any(|r| r.kind == RecordedKind::Built && r.reference == i.reference);
+    built.iter().all(|(i, _)| names(i))
 }
 
 /// The record entries of the plan's brought and pinned images, which pass through untouched:

@@ -14,10 +14,10 @@
 //! target), so neither a farm's first builds nor a forced rebuild pay it.
 
 use super::decide::Decision;
-use super::{in_manifest_order, passthrough, platforms, step, Engine};
-use crate::events::{Collected, Events};
-use crate::model::{Action, ConvergeId, EventKind, Generation, Reason, RecordedKind};
-use crate::plan::{PlanKind, Target, UpPlan};
+use super::{built_images, covers, in_manifest_order, passthrough, platforms, step, Engine};
+use crate::events::Events;
+use crate::model::{Action, ConvergeId, EventKind, Generation, Reason};
+use crate::plan::{Target, UpPlan};
 use std::time::Duration;
 use tracing::Instrument;
 
@@ -43,19 +43,9 @@ impl Engine {
             return None;
         }
         let record = self.store.record(&plan.instance).await.ok()??;
-        let built: Vec<_> = plan
-            .images
-            .iter()
-            .filter_map(|image| match &image.kind {
-                PlanKind::Built(inputs) => Some((image, inputs)),
-                _ => None,
-            })
-            .collect();
+        let built = built_images(plan);
         // The usual converge claims unless the record names every built ref; this one never does.
-        let covered = built
-            .iter()
-            .all(|(i, _)| record.images.iter().any(|r| r.kind == RecordedKind::Built && r.reference == i.reference));
-        if !covered {
+        if !covers(&record, &built) {
             return None;
         }
         let (events, collected) = Events::collecting(id.clone());
@@ -75,7 +65,7 @@ impl Engine {
         if recorded != record.images {
             return None;
         }
-        Some(Settled { generation: record.generation, events: taken(events, collected) })
+        Some(Settled { generation: record.generation, events: collected.take(events) })
     }
 
     /// The `Recorded` event and the skip count of each image skipped, as the usual converge tells
@@ -87,10 +77,4 @@ impl Engine {
             events.emit(kind, Some(&d.image.name), d.image.reference.clone());
         }
     }
-}
-
-/// Every event told into `events` (the last handle on them) so far.
-fn taken(events: Events, collected: Collected) -> Vec<(EventKind, Option<String>, String)> {
-    drop(events);
-    collected.take()
 }

@@ -194,6 +194,7 @@ suite!(
     the_last_events_land_with_the_finish_and_a_refused_finish_keeps_them,
     a_converge_opens_with_its_first_event_or_not_at_all,
     a_settled_converge_is_stored_whole_or_not_at_all,
+    the_settled_record_follows_this_handle_and_a_stale_one_only_costs_a_fallback,
     events_come_back_in_seq_order_and_after_seq_resumes,
     an_event_kind_written_by_a_newer_kiln_still_replays,
     sixteen_concurrent_appends_get_distinct_gap_free_seqs,
@@ -619,6 +620,39 @@ async fn a_settled_converge_is_stored_whole_or_not_at_all(backend: Backend) {
     store.delete_record("shop").await.unwrap();
     assert!(store.settle_converge(&late, "shop", "ana", second, said(second)).await.unwrap().is_none());
     assert!(store.converge(&late).await.unwrap().is_none());
+}
+
+/// `settled_record` may answer from what the handle kept (PostgreSQL always keeps it for this
+/// read), so it must follow the handle's own writes, and one from behind another handle's write
+/// — a coordinator that took over — may only make the settled converge fall back, and heal.
+async fn the_settled_record_follows_this_handle_and_a_stale_one_only_costs_a_fallback(backend: Backend) {
+    let clock = clock();
+    let store = backend.open(&clock).await;
+    let generation = |r: Option<kiln_coordinator::model::Record>| r.map(|r| r.generation);
+    assert_eq!(generation(store.settled_record("shop").await.unwrap()), None);
+    let first = store.write_record("shop", None, vec![built("api", "shop-api:1")]).await.unwrap();
+    assert_eq!(generation(store.settled_record("shop").await.unwrap()), Some(first));
+    let second = store.write_record("shop", Some(first), vec![built("api", "shop-api:2")]).await.unwrap();
+    let kept = store.settled_record("shop").await.unwrap().unwrap();
+    assert_eq!((kept.generation, kept.images), (second, vec![built("api", "shop-api:2")]));
+    assert!(store.delete_record("shop").await.unwrap());
+    assert_eq!(generation(store.settled_record("shop").await.unwrap()), None);
+    let third = store.write_record("shop", None, vec![built("api", "shop-api:3")]).await.unwrap();
+    assert_eq!(generation(store.settled_record("shop").await.unwrap()), Some(third));
+
+    // Another handle writes: this one's answer may be one write behind.
+    let other = backend.open(&clock).await;
+    let fourth = other.write_record("shop", Some(third), vec![built("api", "shop-api:4")]).await.unwrap();
+    let seen = store.settled_record("shop").await.unwrap().unwrap().generation;
+    assert!(seen == third || seen == fourth, "{seen:?}");
+    let said = vec![(EventKind::Started, None, String::new())];
+    let id = ConvergeId::generate(T0);
+    let settled = store.settle_converge(&id, "shop", "ana", seen, said.clone()).await.unwrap();
+    assert_eq!(settled.is_some(), seen == fourth, "a settle is stored exactly when its record is current");
+    // Refused or not, the next answer is the current record.
+    assert_eq!(generation(store.settled_record("shop").await.unwrap()), Some(fourth));
+    let again = ConvergeId::generate(T0 + 1);
+    assert!(store.settle_converge(&again, "shop", "ana", fourth, said).await.unwrap().is_some());
 }
 
 async fn events_come_back_in_seq_order_and_after_seq_resumes(backend: Backend) {

@@ -42,7 +42,7 @@ impl Engine {
         if usual || publishes || mirrors || !simple_target {
             return None;
         }
-        let record = self.store.record(&plan.instance).await.ok()??;
+        let record = self.store.settled_record(&plan.instance).await.ok()??;
         let built = built_images(plan);
         // The usual converge claims unless the record names every built ref; this one never does.
         if !covers(&record, &built) {

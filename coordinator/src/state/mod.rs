@@ -15,6 +15,7 @@ mod clock;
 mod error;
 pub mod leadership;
 mod postgres;
+mod record_cache;
 mod sqlite;
 mod timed;
 
@@ -74,6 +75,10 @@ pub trait StateStore: Send + Sync + 'static {
     // --- records
     /// The instance's current record.
     async fn record(&self, instance: &str) -> Result<Option<Record>, StateError>;
+    /// The instance's current record as far as this coordinator knows, for a converge that then
+    /// stores itself only if the record still has that generation
+    /// ([`settle_converge`](StateStore::settle_converge)): it may be one write behind.
+    async fn settled_record(&self, instance: &str) -> Result<Option<Record>, StateError>;
     /// The generation the current record replaced (a node store's grace), if kept.
     async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError>;
     /// Every instance's current record with its previous one, by instance name.

@@ -55,6 +55,7 @@ timed! {
     upsert_agent(agent: AgentRow) -> ();
     agents() -> Vec<AgentRow>;
     record(instance: &str) -> Option<Record>;
+    settled_record(instance: &str) -> Option<Record>;
     previous_record(instance: &str) -> Option<Record>;
     records() -> Vec<(Record, Option<Record>)>;
     write_record(instance: &str, expected: Option<Generation>, images: Vec<RecordedImage>) -> Generation;

@@ -9,7 +9,7 @@ use deadpool_postgres::GenericClient;
 use tokio_postgres::Row;
 
 use super::{execute, from_json, int, query, query_opt, to_json, uint, Ctx};
-use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind};
+use crate::model::{Converge, ConvergeId, ConvergeState, Event, EventKind, Generation};
 use crate::state::StateError;
 
 const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, requested_by";
@@ -101,7 +101,72 @@ pub(super) async fn append_events<C: GenericClient>(
     .await
     .ctx(what)?;
     let last = row.map(|row| uint(row.get(0))).ok_or_else(|| StateError::UnknownConverge { id: id.clone() })?;
-    let first = last + 1 - count;
+    insert_events(tx, now_ms, id, last + 1 - count, events, what).await
+}
+
+/// The statements of a settled converge (`id`, opened and finished at once with `events`), sent
+/// together so the transaction costs one round trip before its commit rather than five: under a
+/// farm's load each round trip waits for both processes to be scheduled, and the connection is
+/// held the while. They run in the order written: the open first (so no other converge of the
+/// instance records from then on), then the record's generation, then the events and the finish.
+/// Returns whether the open inserted (no other converge of the instance runs), the record's
+/// generation, and the stored events; when the open did not insert, the statements after it
+/// fail or change nothing, and the caller rolls back.
+pub(super) async fn settle<C: GenericClient>(
+    tx: &C,
+    now_ms: u64,
+    id: &ConvergeId,
+    instance: &str,
+    requested_by: &str,
+    events: Vec<(EventKind, Option<String>, String)>,
+    what: &str,
+) -> (Result<bool, StateError>, Result<Option<Generation>, StateError>, Result<Vec<Event>, StateError>) {
+    let count = int(events.len() as u64);
+    let open = async {
+        let inserted = execute(
+            tx,
+            "INSERT INTO converges (id, instance, state, started_ms, requested_by, last_seq) \
+             VALUES ($1, $2, 'running', $3, $4, $5) ON CONFLICT (instance) WHERE state = 'running' DO NOTHING",
+            &[&id.as_str(), &instance, &int(now_ms), &requested_by, &count],
+        )
+        .await;
+        Ok(inserted.ctx(what)? == 1)
+    };
+    let finish = async {
+        let finished = execute(
+            tx,
+            "UPDATE converges SET state = 'succeeded', finished_ms = $2 WHERE id = $1 AND state = 'running'",
+            &[&id.as_str(), &int(now_ms)],
+        )
+        .await;
+        match finished.ctx(what)? {
+            1 => Ok(()),
+            _ => Err(StateError::UnknownConverge { id: id.clone() }),
+        }
+    };
+    // `join!` polls in the order written, and each statement goes out on its first poll.
+    let (opened, generation, stored, finished) = futures_util::join!(
+        open,
+        super::records::current(tx, instance, what),
+        insert_events(tx, now_ms, id, 1, events, what),
+        finish
+    );
+    (opened, generation, stored.and_then(|stored| finished.map(|()| stored)))
+}
+
+/// Inserts `events` as the seqs from `first` on, in one statement.
+async fn insert_events<C: GenericClient>(
+    tx: &C,
+    now_ms: u64,
+    id: &ConvergeId,
+    first: u64,
+    events: Vec<(EventKind, Option<String>, String)>,
+    what: &str,
+) -> Result<Vec<Event>, StateError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let last = first + events.len() as u64 - 1;
     let seqs: Vec<i64> = (first..=last).map(int).collect();
     let kinds = events.iter().map(|(kind, _, _)| to_json(kind, what)).collect::<Result<Vec<String>, _>>()?;
     let images: Vec<Option<&str>> = events.iter().map(|(_, image, _)| image.as_deref()).collect();

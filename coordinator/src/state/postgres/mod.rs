@@ -47,6 +47,7 @@ mod records;
 mod trust;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -59,6 +60,7 @@ use crate::model::{
     AgentRow, AuditRow, Claim, ContextRow, Converge, ConvergeId, ConvergeState, Event, EventKind, Generation,
     Inventory, JoinRow, Owner, Pin, Record, RecordedImage, TokenRow,
 };
+use crate::state::record_cache::{Lookup, RecordCache};
 use crate::state::{Clock, Leadership, StateError, StateStore, SystemClock};
 
 pub use migrations::SCHEMA_VERSION;
@@ -87,6 +89,12 @@ struct Inner {
     applied: Vec<u32>,
     /// The lease this handle acquired: its token goes into every write.
     leadership: Mutex<Option<Leadership>>,
+    /// What [`StateStore::settled_record`] answers from: each record as this handle last read or
+    /// wrote it. Nothing else reads it — a coordinator paused past its lease must not answer a
+    /// client from what it read before — and the settled converge's write compares the generation
+    /// it was decided on, in its fenced transaction, so a stale entry costs a fallback, never a
+    /// wrong answer (and the mismatch forgets the entry).
+    records: RecordCache,
 }
 
 /// A fenced write: runs the future `$op` (its statements on the connection `$c`) in a transaction
@@ -179,7 +187,9 @@ impl PostgresStore {
         let applied = migrations::migrate(&mut client, &database, clock.now_ms()).await?;
         drop(client);
         let leadership = Mutex::new(None);
-        Ok(PostgresStore { inner: Arc::new(Inner { pool, lease_pool, clock, database, applied, leadership }) })
+        let records = RecordCache::default();
+        records.enable();
+        Ok(PostgresStore { inner: Arc::new(Inner { pool, lease_pool, clock, database, applied, leadership, records }) })
     }
 
     /// The database, as its URL without the password.
@@ -202,6 +212,42 @@ impl PostgresStore {
 
     async fn lease_client(&self, what: &str) -> Result<Object, StateError> {
         get(&self.inner.lease_pool, &self.inner.database, what).await
+    }
+
+    /// The settled converge's transaction with its statements one after another: for when another
+    /// converge of the instance ran as the pipelined one tried to open.
+    async fn settle_in_turn(
+        &self,
+        id: &ConvergeId,
+        instance: &str,
+        requested_by: &str,
+        generation: Generation,
+        events: Vec<(EventKind, Option<String>, String)>,
+        what: &str,
+    ) -> Result<Option<(Converge, Vec<Event>)>, StateError> {
+        let now = self.now_ms();
+        let settled = fenced!(self, what, |tx| async {
+            let converge = converges::open(tx, now, Some(id), instance, requested_by, what).await?;
+            let actual = records::current(tx, instance, what).await?;
+            if actual != Some(generation) {
+                return Err(StateError::RecordMoved {
+                    instance: instance.to_owned(),
+                    expected: Some(generation),
+                    actual,
+                });
+            }
+            let events = converges::append_events(tx, now, &converge.id, events, what).await?;
+            converges::finish(tx, now, &converge.id, &ConvergeState::Succeeded, what).await?;
+            Ok((Converge { state: ConvergeState::Succeeded, finished_ms: Some(now), ..converge }, events))
+        });
+        match settled {
+            Ok(settled) => Ok(Some(settled)),
+            Err(StateError::RecordMoved { .. }) => {
+                self.inner.records.forget(instance);
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
     }
 
     fn held(&self) -> Option<Leadership> {
@@ -259,6 +305,16 @@ fn describe(config: &tokio_postgres::Config) -> String {
         .collect();
     let dbname = config.get_dbname().unwrap_or(user);
     format!("postgres://{user}@{}/{dbname}", hosts.join(","))
+}
+
+/// Forgets the instance's kept record when dropped: after a write of it ended, or was abandoned
+/// by its caller mid-way (it may have committed).
+struct Forget<'a>(&'a PostgresStore, &'a str);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.inner.records.forget(self.1);
+    }
 }
 
 impl fmt::Debug for PostgresStore {
@@ -341,6 +397,16 @@ impl StateStore for PostgresStore {
         records::nth(&self.client(&what).await?, instance, 0, &what).await
     }
 
+    async fn settled_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
+        let version = match self.inner.records.lookup(instance) {
+            Lookup::Hit(record) => return Ok(record),
+            Lookup::Miss(version) => version,
+        };
+        let record = self.record(instance).await?;
+        self.inner.records.fill(instance, version, &record);
+        Ok(record)
+    }
+
     async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let what = format!("reading the previous record of instance {instance}");
         records::nth(&self.client(&what).await?, instance, 1, &what).await
@@ -359,11 +425,13 @@ impl StateStore for PostgresStore {
     ) -> Result<Generation, StateError> {
         let what = format!("writing the record of instance {instance}");
         let images = to_json(&images, &what)?;
+        let _forget = Forget(self, instance);
         fenced!(self, &what, |tx| records::write(tx, self.now_ms(), instance, expected, &images, &what))
     }
 
     async fn delete_record(&self, instance: &str) -> Result<bool, StateError> {
         let what = format!("deleting the record of instance {instance}");
+        let _forget = Forget(self, instance);
         fenced!(self, &what, |tx| records::delete(tx, instance, &what))
     }
 
@@ -455,12 +523,19 @@ impl StateStore for PostgresStore {
     ) -> Result<Option<(Converge, Vec<Event>)>, StateError> {
         let what = format!("storing the settled converge {id} of instance {instance}");
         let now = self.now_ms();
-        // Opened first: from then on no other converge of the instance can record, and any that
-        // recorded before committed ahead of the open, so the comparison below sees its
-        // generation. A moved record fails the transaction, which rolls the open back.
+        // Every statement at once (`converges::settle`). The open goes first: from then on no
+        // other converge of the instance can record, and any that recorded before committed
+        // ahead of the open, so the generation read after it sees theirs. A moved record fails
+        // the transaction, which rolls the open back.
+        let contended = AtomicBool::new(false);
+        let replay = events.clone();
         let settled = fenced!(self, &what, |tx| async {
-            let converge = converges::open(tx, now, Some(id), instance, requested_by, &what).await?;
-            let actual = records::current(tx, instance, &what).await?;
+            let (opened, actual, events) = converges::settle(tx, now, id, instance, requested_by, events, &what).await;
+            if !opened? {
+                contended.store(true, Ordering::Relaxed);
+                return Err(StateError::ConvergeRunning { instance: instance.to_owned(), running: id.clone() });
+            }
+            let actual = actual?;
             if actual != Some(generation) {
                 return Err(StateError::RecordMoved {
                     instance: instance.to_owned(),
@@ -468,13 +543,28 @@ impl StateStore for PostgresStore {
                     actual,
                 });
             }
-            let events = converges::append_events(tx, now, &converge.id, events, &what).await?;
-            converges::finish(tx, now, &converge.id, &ConvergeState::Succeeded, &what).await?;
-            Ok((Converge { state: ConvergeState::Succeeded, finished_ms: Some(now), ..converge }, events))
+            let started = Converge {
+                id: id.clone(),
+                instance: instance.to_owned(),
+                state: ConvergeState::Succeeded,
+                started_ms: now,
+                finished_ms: Some(now),
+                requested_by: requested_by.to_owned(),
+            };
+            Ok((started, events?))
         });
         match settled {
             Ok(settled) => Ok(Some(settled)),
-            Err(StateError::RecordMoved { .. }) => Ok(None),
+            Err(StateError::RecordMoved { .. }) => {
+                self.inner.records.forget(instance);
+                Ok(None)
+            }
+            // Another converge of the instance ran when the open was tried: once more with the
+            // statements one after another, where the open names the converge that runs (or
+            // retries if it has just finished).
+            Err(StateError::ConvergeRunning { .. }) if contended.load(Ordering::Relaxed) => {
+                self.settle_in_turn(id, instance, requested_by, generation, replay, &what).await
+            }
             Err(err) => Err(err),
         }
     }

@@ -19,7 +19,6 @@ mod converges;
 mod migrations;
 mod pins;
 mod readers;
-mod record_cache;
 mod records;
 mod trust;
 mod writer;
@@ -61,7 +60,7 @@ struct Inner {
     /// False only for `kiln-bench state-writes`' baseline: reads sent through the writer, as before.
     reads_beside: bool,
     /// Current records, once read, when this process is the file's one writer.
-    records: record_cache::RecordCache,
+    records: super::record_cache::RecordCache,
 }
 
 impl SqliteStore {
@@ -136,7 +135,7 @@ impl SqliteStore {
         let writer = writer::Writer::start(conn, clock.clone(), path.clone(), group)
             .map_err(|err| StateError::Open { path: path.clone(), err: Box::new(err) })?;
         let readers = readers::Readers::new(path.clone(), BUSY_TIMEOUT);
-        let records = record_cache::RecordCache::default();
+        let records = super::record_cache::RecordCache::default();
         let inner = Inner { writer, readers, clock, path, applied, leader, reads_beside: true, records };
         Ok(SqliteStore { inner: Arc::new(inner) })
     }
@@ -262,14 +261,19 @@ impl StateStore for SqliteStore {
 
     async fn record(&self, instance: &str) -> Result<Option<Record>, StateError> {
         let version = match self.inner.records.lookup(instance) {
-            record_cache::Lookup::Hit(record) => return Ok(record),
-            record_cache::Lookup::Miss(version) => version,
+            super::record_cache::Lookup::Hit(record) => return Ok(record),
+            super::record_cache::Lookup::Miss(version) => version,
         };
         let owned = instance.to_owned();
         let what = format!("reading the record of instance {instance}");
         let record = self.read(what, move |c| records::nth(c, &owned, 0)).await?;
         self.inner.records.fill(instance, version, &record);
         Ok(record)
+    }
+
+    async fn settled_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
+        // The serving coordinator's reads are answered from its cache already, which is exact.
+        self.record(instance).await
     }
 
     async fn previous_record(&self, instance: &str) -> Result<Option<Record>, StateError> {
@@ -399,7 +403,12 @@ impl StateStore for SqliteStore {
         });
         match settled.await {
             Ok(settled) => Ok(Some(settled)),
-            Err(StateError::RecordMoved { .. }) => Ok(None),
+            Err(StateError::RecordMoved { instance, .. }) => {
+                // Decided on a record the file no longer has: if this handle kept it, it is
+                // stale (a second writer on the file), and the next read goes to the file.
+                self.inner.records.forget(&instance);
+                Ok(None)
+            }
             Err(err) => Err(err),
         }
     }

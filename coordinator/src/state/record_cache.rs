@@ -1,4 +1,7 @@
-//! The current record of each instance, kept in memory by the coordinator that owns the file.
+//! The current record of each instance, kept in memory: by the SQLite coordinator that owns the
+//! file, for every read; and by a PostgreSQL coordinator for the settled converge's read alone
+//! ([`StateStore::settled_record`](super::StateStore::settled_record)), whose store checks the
+//! generation in the same transaction as it writes.
 //!
 //! Why: every converge reads its instance's record first, and under a farm's burst those reads
 //! queued for the four reader connections behind hundreds of others (a mean of 28 ms per `record`
@@ -15,7 +18,7 @@
 //!   names the version it saw before reading. A read that raced a write therefore never leaves the
 //!   older record behind.
 //!
-//! [`SqliteStore::cache_records`]: super::SqliteStore::cache_records
+//! [`SqliteStore::cache_records`]: super::sqlite::SqliteStore::cache_records
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +31,7 @@ use crate::model::Record;
 const ENTRIES: usize = 16_384;
 
 #[derive(Default)]
-pub(super) struct RecordCache {
+pub(crate) struct RecordCache {
     enabled: AtomicBool,
     slots: Mutex<Slots>,
 }
@@ -48,17 +51,17 @@ struct Slot {
 }
 
 /// What a lookup found: the record, or the version a read must name to fill it.
-pub(super) enum Lookup {
+pub(crate) enum Lookup {
     Hit(Option<Record>),
     Miss(Option<u64>),
 }
 
 impl RecordCache {
-    pub(super) fn enable(&self) {
+    pub(crate) fn enable(&self) {
         self.enabled.store(true, Ordering::Release);
     }
 
-    pub(super) fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Acquire)
     }
 
@@ -66,7 +69,7 @@ impl RecordCache {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(super) fn lookup(&self, instance: &str) -> Lookup {
+    pub(crate) fn lookup(&self, instance: &str) -> Lookup {
         if !self.enabled() {
             return Lookup::Miss(None);
         }
@@ -87,7 +90,7 @@ impl RecordCache {
     }
 
     /// Keeps what a read found, unless a write forgot the entry since `version` was handed out.
-    pub(super) fn fill(&self, instance: &str, version: Option<u64>, record: &Option<Record>) {
+    pub(crate) fn fill(&self, instance: &str, version: Option<u64>, record: &Option<Record>) {
         let Some(version) = version else { return };
         let mut slots = self.slots();
         if let Some(slot) = slots.by_instance.get_mut(instance).filter(|s| s.version == version) {
@@ -97,7 +100,7 @@ impl RecordCache {
 
     /// After a write of `instance`'s record has ended (committed, refused or failed): the next
     /// read goes to the file, and no read begun before now may fill the entry.
-    pub(super) fn forget(&self, instance: &str) {
+    pub(crate) fn forget(&self, instance: &str) {
         let mut slots = self.slots();
         slots.versions += 1;
         let version = slots.versions;

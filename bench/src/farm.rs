@@ -87,6 +87,14 @@ fn rss_and_cpu() -> (f64, f64) {
     (rss, cpu_seconds("self"))
 }
 
+/// This process's nice level.
+fn own_nice() -> i32 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command's `)`: state is field 0, nice is field 16.
+    let nice = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(16).map(str::to_owned));
+    nice.and_then(|n| n.parse().ok()).unwrap_or(0)
+}
+
 /// User + system CPU seconds of process `pid` (`self`: this one) so far.
 fn cpu_seconds(pid: &str) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -106,7 +114,12 @@ pub fn farm(args: &FarmArgs) -> Result<()> {
     // priority: a farm's database has a machine of its own too. Backends inherit the postmaster's.
     let postgres = args.postgres.then(kiln_e2e::postgres::Postgres::start_durable);
     if let (Some(pg), true) = (&postgres, args.external) {
-        std::process::Command::new("renice").args(["-n", "-10", "-p", &pg.pid().to_string()]).status()?;
+        // `renice -n` sets the level, not a step: the coordinator's is this process's less ten
+        // (`External::start`), so PostgreSQL's is computed the same way. (Until 2026-12-07 it was
+        // set to -10, ten levels above the coordinator under `nice -n 10`, and the database's
+        // burst starved the coordinator and, twenty levels down, the agents and the probe.)
+        let level = (own_nice() - 10).to_string();
+        std::process::Command::new("renice").args(["-n", &level, "-p", &pg.pid().to_string()]).status()?;
     }
     let database = postgres.as_ref().map(|pg| rt.block_on(pg.create_database()).url);
     let external = args.external.then(|| External::start(scratch.path(), database.as_deref())).transpose()?;

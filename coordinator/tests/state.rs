@@ -195,6 +195,7 @@ suite!(
     a_converge_opens_with_its_first_event_or_not_at_all,
     a_settled_converge_is_stored_whole_or_not_at_all,
     the_settled_record_follows_this_handle_and_a_stale_one_only_costs_a_fallback,
+    settled_converges_after_usual_ones_on_the_same_connections_are_stored,
     events_come_back_in_seq_order_and_after_seq_resumes,
     an_event_kind_written_by_a_newer_kiln_still_replays,
     sixteen_concurrent_appends_get_distinct_gap_free_seqs,
@@ -653,6 +654,28 @@ async fn the_settled_record_follows_this_handle_and_a_stale_one_only_costs_a_fal
     assert_eq!(generation(store.settled_record("shop").await.unwrap()), Some(fourth));
     let again = ConvergeId::generate(T0 + 1);
     assert!(store.settle_converge(&again, "shop", "ana", fourth, said).await.unwrap().is_some());
+}
+
+/// The farm's mix, one call after another: usual converges (whose statements each connection has
+/// prepared) and settled ones. On PostgreSQL the settled converge's statements go out together; a
+/// connection that had prepared some of them and not the others once ran the events ahead of the
+/// converge they belong to, and the call failed ("current transaction is aborted").
+async fn settled_converges_after_usual_ones_on_the_same_connections_are_stored(backend: Backend) {
+    let store = backend.open(&clock()).await;
+    for round in 0..24u64 {
+        let instance = format!("shop{}", round % 3);
+        let converge = store.open_converge(&instance, "ana").await.unwrap();
+        store.append_events(&converge.id, vec![(EventKind::Started, None, String::new())]).await.unwrap();
+        let current = store.record(&instance).await.unwrap().map(|r| r.generation);
+        let generation = store.write_record(&instance, current, vec![built("api", "shop-api:1")]).await.unwrap();
+        store.finish_converge(&converge.id, ConvergeState::Succeeded).await.unwrap();
+        let said = vec![(EventKind::Started, None, String::new()), (EventKind::Note, None, format!("round {round}"))];
+        let id = ConvergeId::generate(T0 + round);
+        let settled = store.settle_converge(&id, &instance, "ana", generation, said).await;
+        let (converge, events) = settled.unwrap_or_else(|err| panic!("round {round}: {err}")).expect("the record stands");
+        assert_eq!((converge.state, events.len()), (ConvergeState::Succeeded, 2), "round {round}");
+        assert_eq!(store.events(&id, None).await.unwrap().len(), 2, "round {round}");
+    }
 }
 
 async fn events_come_back_in_seq_order_and_after_seq_resumes(backend: Backend) {

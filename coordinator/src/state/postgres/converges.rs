@@ -14,6 +14,15 @@ use crate::state::StateError;
 
 const COLUMNS: &str = "id, instance, state, reason, started_ms, finished_ms, requested_by";
 
+/// A settled converge's open: running (so the one-running index decides), its events' seqs taken.
+const OPEN_SETTLED: &str = "INSERT INTO converges (id, instance, state, started_ms, requested_by, last_seq) \
+     VALUES ($1, $2, 'running', $3, $4, $5) ON CONFLICT (instance) WHERE state = 'running' DO NOTHING";
+const FINISH_SETTLED: &str =
+    "UPDATE converges SET state = 'succeeded', finished_ms = $2 WHERE id = $1 AND state = 'running'";
+const INSERT_EVENTS: &str = "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) \
+     SELECT $1, e.seq, $3, e.image, e.kind::jsonb, e.message \
+     FROM UNNEST($2::bigint[], $4::text[], $5::text[], $6::text[]) AS e(seq, image, kind, message)";
+
 /// How often an open retries when the converge it lost to finished before it could be named.
 const OPEN_ATTEMPTS: usize = 3;
 
@@ -123,28 +132,26 @@ pub(super) async fn settle<C: GenericClient>(
 ) -> (Result<bool, StateError>, Result<Option<Generation>, StateError>, Result<Vec<Event>, StateError>) {
     let count = int(events.len() as u64);
     let open = async {
-        let inserted = execute(
-            tx,
-            "INSERT INTO converges (id, instance, state, started_ms, requested_by, last_seq) \
-             VALUES ($1, $2, 'running', $3, $4, $5) ON CONFLICT (instance) WHERE state = 'running' DO NOTHING",
-            &[&id.as_str(), &instance, &int(now_ms), &requested_by, &count],
-        )
-        .await;
+        let inserted = execute(tx, OPEN_SETTLED, &[&id.as_str(), &instance, &int(now_ms), &requested_by, &count]).await;
         Ok(inserted.ctx(what)? == 1)
     };
     let finish = async {
-        let finished = execute(
-            tx,
-            "UPDATE converges SET state = 'succeeded', finished_ms = $2 WHERE id = $1 AND state = 'running'",
-            &[&id.as_str(), &int(now_ms)],
-        )
-        .await;
+        let finished = execute(tx, FINISH_SETTLED, &[&id.as_str(), &int(now_ms)]).await;
         match finished.ctx(what)? {
             1 => Ok(()),
             _ => Err(StateError::UnknownConverge { id: id.clone() }),
         }
     };
-    // `join!` polls in the order written, and each statement goes out on its first poll.
+    // Each statement goes out on its first poll, which `join!` makes in the order written — once
+    // all four are prepared: on a connection that had prepared only some, the ones it had would
+    // run ahead of the others (the events before the converge they belong to).
+    let prepared = futures_util::future::try_join_all(
+        [OPEN_SETTLED, super::records::CURRENT, INSERT_EVENTS, FINISH_SETTLED].map(|sql| tx.prepare_cached(sql)),
+    );
+    if let Err(err) = prepared.await.ctx(what) {
+        let failed = || StateError::Backend { what: what.to_owned(), err: "an earlier statement failed".into() };
+        return (Err(err), Err(failed()), Err(failed()));
+    }
     let (opened, generation, stored, finished) = futures_util::join!(
         open,
         super::records::current(tx, instance, what),
@@ -171,15 +178,7 @@ async fn insert_events<C: GenericClient>(
     let kinds = events.iter().map(|(kind, _, _)| to_json(kind, what)).collect::<Result<Vec<String>, _>>()?;
     let images: Vec<Option<&str>> = events.iter().map(|(_, image, _)| image.as_deref()).collect();
     let messages: Vec<&str> = events.iter().map(|(_, _, message)| message.as_str()).collect();
-    execute(
-        tx,
-        "INSERT INTO events (converge_id, seq, at_ms, image, kind, message) \
-         SELECT $1, e.seq, $3, e.image, e.kind::jsonb, e.message \
-         FROM UNNEST($2::bigint[], $4::text[], $5::text[], $6::text[]) AS e(seq, image, kind, message)",
-        &[&id.as_str(), &seqs, &int(now_ms), &images, &kinds, &messages],
-    )
-    .await
-    .ctx(what)?;
+    execute(tx, INSERT_EVENTS, &[&id.as_str(), &seqs, &int(now_ms), &images, &kinds, &messages]).await.ctx(what)?;
     Ok(events
         .into_iter()
         .zip(first..)

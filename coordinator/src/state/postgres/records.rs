@@ -13,14 +13,15 @@ use crate::state::StateError;
 
 const COLUMNS: &str = "instance, generation, images::text, written_at_ms";
 
+pub(super) const CURRENT: &str = "SELECT MAX(generation) FROM records WHERE instance = $1";
+
 /// The number of the instance's current generation, if it has a record.
 pub(super) async fn current<C: GenericClient>(
     c: &C,
     instance: &str,
     what: &str,
 ) -> Result<Option<Generation>, StateError> {
-    let actual: Option<i64> =
-        query_one(c, "SELECT MAX(generation) FROM records WHERE instance = $1", &[&instance]).await.ctx(what)?.get(0);
+    let actual: Option<i64> = query_one(c, CURRENT, &[&instance]).await.ctx(what)?.get(0);
     Ok(actual.map(|g| Generation(uint(g))))
 }
 

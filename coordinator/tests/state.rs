@@ -672,7 +672,8 @@ async fn settled_converges_after_usual_ones_on_the_same_connections_are_stored(b
         let said = vec![(EventKind::Started, None, String::new()), (EventKind::Note, None, format!("round {round}"))];
         let id = ConvergeId::generate(T0 + round);
         let settled = store.settle_converge(&id, &instance, "ana", generation, said).await;
-        let (converge, events) = settled.unwrap_or_else(|err| panic!("round {round}: {err}")).expect("the record stands");
+        let (converge, events) =
+            settled.unwrap_or_else(|err| panic!("round {round}: {err}")).expect("the record stands");
         assert_eq!((converge.state, events.len()), (ConvergeState::Succeeded, 2), "round {round}");
         assert_eq!(store.events(&id, None).await.unwrap().len(), 2, "round {round}");
     }

@@ -45,6 +45,8 @@ pub struct SimHost {
     /// Inspections of refs containing one of these wait until [`SimHost::clear_hangs`]: a
     /// delivery's read-back held in progress.
     hold_inspects_of: Mutex<Vec<String>>,
+    /// Labeled listings answered here.
+    pub listings: AtomicU32,
 }
 
 impl SimHost {
@@ -60,6 +62,7 @@ impl SimHost {
             hang: AtomicBool::new(false),
             hang_of: Mutex::new(Vec::new()),
             hold_inspects_of: Mutex::new(Vec::new()),
+            listings: AtomicU32::new(0),
         })
     }
 
@@ -170,6 +173,7 @@ impl HostStore for SimHost {
     }
 
     async fn list_labeled(&self) -> Result<Vec<ListedImage>, HostError> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
         Ok(self.images.lock().unwrap().values().filter(|i| !i.refs.is_empty()).cloned().collect())
     }
 

@@ -91,8 +91,11 @@ impl Engine {
             .iter()
             .enumerate()
             .any(|(i, _)| !in_record[i] || present[i] == Some(false) || matches!(plan.target, Target::Local));
+        // Only a recorded image is looked for on other hosts (`worn_anywhere`): a build, forced or
+        // first, is held or not by its own host's store alone, so a farm's rebuilds list one host.
+        let anywhere = in_record.iter().any(|&r| r);
         let listings = match needs_listing {
-            true => self.list_hosts(host, plan, id).await,
+            true => self.list_hosts(host, plan, id, anywhere).await,
             false => Vec::new(),
         };
         let host_store = crate::sweep::host_store_of(host);
@@ -203,9 +206,6 @@ impl Engine {
         }
     }
 
-    /// The labeled listing of `host`, and for a `local` target of every other host whose
-    /// inventory (as the coordinator keeps it) shows one of the plan's images: its images may sit
-    /// on any of them. Listed at once, each under the task deadline: one slow agent holds no other.
     /// One host's listing, timed in `kiln_host_listing_duration_seconds`.
     async fn listed(&self, agent: &AgentConn, id: &ConvergeId) -> HostListing {
         let started = std::time::Instant::now();
@@ -214,9 +214,13 @@ impl Engine {
         HostListing { store: crate::sweep::host_store_of(agent), images }
     }
 
-    async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId) -> Vec<HostListing> {
+    /// The labeled listing of `host`, and, for a `local` target when `anywhere` (an image is
+    /// recorded), of every other host whose inventory (as the coordinator keeps it) shows one of
+    /// the plan's images: a recorded image may sit on any of them. Listed at once, each under the
+    /// task deadline: one slow agent holds no other.
+    async fn list_hosts(&self, host: &AgentConn, plan: &UpPlan, id: &ConvergeId, anywhere: bool) -> Vec<HostListing> {
         let mut hosts: Vec<std::sync::Arc<AgentConn>> = Vec::new();
-        if let Target::Local = plan.target {
+        if let (Target::Local, true) = (&plan.target, anywhere) {
             let holding: std::collections::HashSet<crate::hub::StreamId> =
                 plan.images.iter().flat_map(|i| self.hub.inventory.holders(&HeldRef::of(&i.reference))).collect();
             let holds_one = |a: &AgentConn| holding.contains(&a.stream);

@@ -1402,6 +1402,50 @@ mod postgres_only {
         let chain = kiln_core::error_chain(&err);
         assert!(!chain.contains("s3cret") && chain.contains("--state"), "{chain}");
     }
+
+    /// The settled converge (a developer's no-op `kiln up`) has connections of its own: with every
+    /// connection of the store's pool held by a write waiting on a lock, it is still stored, where
+    /// it would otherwise wait for one until the pool's timeout and fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_settled_converge_is_stored_while_every_other_connection_waits() {
+        let backend = Backend::postgres().await;
+        let Backend::Postgres { db } = &backend else { unreachable!() };
+        let store = backend.open(&clock()).await;
+        let first = store.write_record("shop", None, vec![built("api", "shop-api:1")]).await.unwrap();
+        let holder = raw_postgres(db).await;
+        holder.batch_execute("BEGIN; LOCK TABLE pins IN ACCESS EXCLUSIVE MODE").await.unwrap();
+        let pins: Vec<_> = (0..24)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { store.pin(&format!("reg/held:{i}"), "ana").await })
+            })
+            .collect();
+        // The pool's sixteen connections each wait on the lock, in their transactions.
+        let waiting = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE wait_event_type = 'Lock' AND datname = current_database()";
+        let deadline = Instant::now() + PATIENCE;
+        while backend.count(waiting).await < 16 {
+            assert!(Instant::now() < deadline, "the pins never all waited on the lock");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(backend.count(waiting).await, 16, "the pool has sixteen connections");
+
+        let id = ConvergeId::generate(T0);
+        let said = vec![
+            (EventKind::Started, None, String::new()),
+            (EventKind::Finished { succeeded: true, generation: first.0 }, None, "unchanged".to_owned()),
+        ];
+        let settled = store.settle_converge(&id, "shop", "ana", first, said).await;
+        let (converge, events) = settled.expect("stored while the pool waits").expect("the record did not move");
+        assert_eq!((converge.state, events.len()), (ConvergeState::Succeeded, 2));
+
+        holder.batch_execute("COMMIT").await.unwrap();
+        for pin in pins {
+            assert!(pin.await.unwrap().unwrap(), "each pin lands once the lock is gone");
+        }
+        assert_eq!(store.pins().await.unwrap().len(), 24);
+        assert_eq!(store.converge(&id).await.unwrap().map(|c| c.state), Some(ConvergeState::Succeeded));
+    }
 }
 
 /// Per-call latency of the hot store calls on both backends: medians and 90th percentiles over

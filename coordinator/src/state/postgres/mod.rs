@@ -69,6 +69,8 @@ pub use migrations::SCHEMA_VERSION;
 const POOL_SIZE: usize = 16;
 /// Connections for the lease alone: a standby's poll and an active one's renewal.
 const LEASE_POOL_SIZE: usize = 2;
+/// Connections for the settled converge alone (`settle_converge`).
+const SETTLE_POOL_SIZE: usize = 2;
 /// How long a call waits for a connection (to be made, or freed by another call).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -83,6 +85,10 @@ struct Inner {
     /// The lease's own connections: a renewal never queues behind a busy farm's converges for a
     /// connection of `pool` — under load that wait outlasted the lease and stopped the coordinator.
     lease_pool: Pool,
+    /// The settled converge's own connections: a developer's no-op `kiln up` waits on its one
+    /// write, and under a farm's load a connection of `pool` is free only after a queue of
+    /// builds' writes (which a client does not wait on the same way) has had its turn.
+    settle_pool: Pool,
     clock: Arc<dyn Clock>,
     /// The URL without its password, for errors.
     database: String,
@@ -109,15 +115,26 @@ struct Inner {
 /// and a takeover waits for that lock, so a write that saw the current token commits before any
 /// takeover, and one that saw an old token rolls back whatever it had done.
 macro_rules! fenced {
+    // The transaction on the connection `$open` holds.
+    (@in $open:ident, $what:ident, $held:ident, |$c:ident| $op:expr) => {{
+        let $c = $open.client();
+        // `futures_util::join!` polls in the order written: `BEGIN` goes out first.
+        let (begun, fence, value) =
+            futures_util::join!($c.batch_execute("BEGIN"), lease::fence($c, $held.as_ref(), $what), $op);
+        $open.finish($what, begun.ctx($what).and(fence).and(value)).await
+    }};
+    // On a connection of the settled converge's own pool.
+    (settled: $store:expr, $what:expr, |$c:ident| $op:expr) => {{
+        let what: &str = $what;
+        let held = $store.held();
+        let open = Open::new($store.settle_client(what).await?);
+        fenced!(@in open, what, held, |$c| $op)
+    }};
     ($store:expr, $what:expr, |$c:ident| $op:expr) => {{
         let what: &str = $what;
         let held = $store.held();
         let open = Open::new($store.client(what).await?);
-        let $c = open.client();
-        // `futures_util::join!` polls in the order written: `BEGIN` goes out first.
-        let (begun, fence, value) =
-            futures_util::join!($c.batch_execute("BEGIN"), lease::fence($c, held.as_ref(), what), $op);
-        open.finish(what, begun.ctx(what).and(fence).and(value)).await
+        fenced!(@in open, what, held, |$c| $op)
     }};
 }
 
@@ -183,13 +200,16 @@ impl PostgresStore {
         let database = describe(&config);
         let pool = pool_of(&config, POOL_SIZE, &database)?;
         let lease_pool = pool_of(&config, LEASE_POOL_SIZE, &database)?;
+        let settle_pool = pool_of(&config, SETTLE_POOL_SIZE, &database)?;
         let mut client = get(&pool, &database, "opening the store").await?;
         let applied = migrations::migrate(&mut client, &database, clock.now_ms()).await?;
         drop(client);
         let leadership = Mutex::new(None);
         let records = RecordCache::default();
         records.enable();
-        Ok(PostgresStore { inner: Arc::new(Inner { pool, lease_pool, clock, database, applied, leadership, records }) })
+        Ok(PostgresStore {
+            inner: Arc::new(Inner { pool, lease_pool, settle_pool, clock, database, applied, leadership, records }),
+        })
     }
 
     /// The database, as its URL without the password.
@@ -210,6 +230,10 @@ impl PostgresStore {
         get(&self.inner.pool, &self.inner.database, what).await
     }
 
+    async fn settle_client(&self, what: &str) -> Result<Object, StateError> {
+        get(&self.inner.settle_pool, &self.inner.database, what).await
+    }
+
     async fn lease_client(&self, what: &str) -> Result<Object, StateError> {
         get(&self.inner.lease_pool, &self.inner.database, what).await
     }
@@ -226,7 +250,7 @@ impl PostgresStore {
         what: &str,
     ) -> Result<Option<(Converge, Vec<Event>)>, StateError> {
         let now = self.now_ms();
-        let settled = fenced!(self, what, |tx| async {
+        let settled = fenced!(settled: self, what, |tx| async {
             let converge = converges::open(tx, now, Some(id), instance, requested_by, what).await?;
             let actual = records::current(tx, instance, what).await?;
             if actual != Some(generation) {
@@ -529,7 +553,7 @@ impl StateStore for PostgresStore {
         // the transaction, which rolls the open back.
         let contended = AtomicBool::new(false);
         let replay = events.clone();
-        let settled = fenced!(self, &what, |tx| async {
+        let settled = fenced!(settled: self, &what, |tx| async {
             let (opened, actual, events) = converges::settle(tx, now, id, instance, requested_by, events, &what).await;
             if !opened? {
                 contended.store(true, Ordering::Relaxed);

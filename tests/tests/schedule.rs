@@ -402,10 +402,10 @@ async fn a_rebuild_goes_to_the_agent_that_built_it_before_not_the_next_in_turn()
     farm.stop().await;
 }
 
-/// Listings each simulated agent answered since `before` was taken.
+/// Listings each simulated agent answered since `before` (this, taken earlier).
 fn listed_since(farm: &SimFarm, before: &[u32]) -> Vec<u32> {
     let now = farm.agents.iter().map(|a| a.store.listings.load(std::sync::atomic::Ordering::SeqCst));
-    now.zip(before).map(|(n, b)| n - b).collect()
+    now.zip(before.iter().chain(std::iter::repeat(&0))).map(|(n, b)| n - b).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -418,17 +418,16 @@ async fn a_no_op_lists_every_host_holding_its_images_and_a_forced_rebuild_only_i
     assert!(succeeded(&events), "{events:#?}");
     let hosts: std::collections::HashSet<_> = farm.builds().into_iter().map(|(agent, _)| agent).collect();
     assert_eq!(hosts.len(), 3, "one image on each agent: {:#?}", farm.builds());
-    let counts = || farm.agents.iter().map(|a| a.store.listings.load(std::sync::atomic::Ordering::SeqCst)).collect();
 
     // Recorded images may sit on any host: the no-op confirms each where it is.
-    let before: Vec<u32> = counts();
+    let before = listed_since(&farm, &[]);
     let events = wire::up(&farm.url, &dir, false).await;
     assert!(succeeded(&events), "{events:#?}");
     assert!(events.iter().all(|e| e.kind() != Kind::Building), "{events:#?}");
     assert_eq!(listed_since(&farm, &before), vec![1, 1, 1], "the no-op lists each host holding one");
 
     // A forced rebuild looks at nothing recorded: only the converge's own host is listed.
-    let before: Vec<u32> = counts();
+    let before = listed_since(&farm, &[]);
     let events = wire::up(&farm.url, &dir, true).await;
     assert!(succeeded(&events), "{events:#?}");
     assert_eq!(farm.builds().len(), 6, "each image built again: {:#?}", farm.builds());

@@ -115,27 +115,24 @@ struct Inner {
 /// and a takeover waits for that lock, so a write that saw the current token commits before any
 /// takeover, and one that saw an old token rolls back whatever it had done.
 macro_rules! fenced {
-    // The transaction on the connection `$open` holds.
-    (@in $open:ident, $what:ident, $held:ident, |$c:ident| $op:expr) => {{
-        let $c = $open.client();
+    // On a connection of the settled converge's own pool.
+    (settled: $store:expr, $what:expr, |$c:ident| $op:expr) => {
+        fenced!(@from settle_client, $store, $what, |$c| $op)
+    };
+    // The transaction, on a connection `$store.$get` gives.
+    (@from $get:ident, $store:expr, $what:expr, |$c:ident| $op:expr) => {{
+        let what: &str = $what;
+        let held = $store.held();
+        let open = Open::new($store.$get(what).await?);
+        let $c = open.client();
         // `futures_util::join!` polls in the order written: `BEGIN` goes out first.
         let (begun, fence, value) =
-            futures_util::join!($c.batch_execute("BEGIN"), lease::fence($c, $held.as_ref(), $what), $op);
-        $open.finish($what, begun.ctx($what).and(fence).and(value)).await
+            futures_util::join!($c.batch_execute("BEGIN"), lease::fence($c, held.as_ref(), what), $op);
+        open.finish(what, begun.ctx(what).and(fence).and(value)).await
     }};
-    // On a connection of the settled converge's own pool.
-    (settled: $store:expr, $what:expr, |$c:ident| $op:expr) => {{
-        let what: &str = $what;
-        let held = $store.held();
-        let open = Open::new($store.settle_client(what).await?);
-        fenced!(@in open, what, held, |$c| $op)
-    }};
-    ($store:expr, $what:expr, |$c:ident| $op:expr) => {{
-        let what: &str = $what;
-        let held = $store.held();
-        let open = Open::new($store.client(what).await?);
-        fenced!(@in open, what, held, |$c| $op)
-    }};
+    ($store:expr, $what:expr, |$c:ident| $op:expr) => {
+        fenced!(@from client, $store, $what, |$c| $op)
+    };
 }
 
 /// A connection in a transaction begun by hand. Dropped before it ended (a caller gone mid-write),
